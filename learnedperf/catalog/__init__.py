@@ -1,0 +1,79 @@
+"""Named devices, clusters and models, stored as JSON files in ``catalog/data``.
+
+Lookups are lazy (the JSON is read on first use) and forgiving about case,
+spaces and underscores; an unknown name raises :class:`CatalogError` that
+suggests the closest known names. The catalog returns plain dicts; ``specs``
+validates them.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from functools import cache
+from importlib import resources
+
+from ..errors import CatalogError
+
+_KINDS = ("devices", "clusters", "models")
+
+
+def _norm(name: str) -> str:
+    return "".join(ch for ch in name.lower() if ch.isalnum() or ch == ".")
+
+
+@cache
+def _load(kind: str) -> tuple[dict[str, dict], dict[str, str]]:
+    text = resources.files(__package__).joinpath("data", f"{kind}.json").read_text(encoding="utf-8")
+    entries: dict[str, dict] = json.loads(text)
+    index: dict[str, str] = {}
+    for key, entry in entries.items():
+        if key.startswith("_"):
+            continue
+        for alias in [key, *entry.get("aliases", [])]:
+            index.setdefault(_norm(alias), key)
+    return {k: v for k, v in entries.items() if not k.startswith("_")}, index
+
+
+def _get(kind: str, name: str, field: str) -> dict:
+    entries, index = _load(kind)
+    key = index.get(_norm(name))
+    if key is None:
+        close = difflib.get_close_matches(_norm(name), list(index), n=3, cutoff=0.5)
+        names = sorted({index[c] for c in close})
+        hint = f"; did you mean {', '.join(names)}?" if names else f"; known: {', '.join(sorted(entries))}"
+        raise CatalogError(field, f"unknown {kind[:-1]} {name!r}{hint}")
+    entry = {k: v for k, v in entries[key].items() if k not in ("aliases", "source", "notes")}
+    entry["name"] = key
+    return entry
+
+
+def get_device(name: str, field: str = "hardware.device") -> dict:
+    """Data-sheet descriptor of a named device (a dict ready for ``DeviceSpec``)."""
+    return _get("devices", name, field)
+
+
+def get_cluster(name: str, field: str = "hardware.cluster") -> dict:
+    """A named cluster: device name, devices per node and link parameters."""
+    return _get("clusters", name, field)
+
+
+def get_model(name: str, field: str = "model") -> dict:
+    """Architecture of a named model (a dict ready for ``ModelSpec``)."""
+    return _get("models", name, field)
+
+
+def names(kind: str) -> list[str]:
+    """All names of ``kind`` ("devices", "clusters" or "models")."""
+    if kind not in _KINDS:
+        raise ValueError(f"kind must be one of {_KINDS}")
+    return sorted(_load(kind)[0])
+
+
+def source(kind: str, name: str) -> dict:
+    """The raw catalog entry (with its ``sources``/``source`` notes) of a name."""
+    entries, index = _load(kind)
+    key = index.get(_norm(name))
+    if key is None:
+        raise CatalogError(kind, f"unknown {kind[:-1]} {name!r}")
+    return dict(entries[key])

@@ -1,0 +1,149 @@
+"""Fit the cost model's constants from public measurements.
+
+* Memory-bound kernels (NeuSight element-wise, layer-norm and softmax ops on
+  five GPUs, fp32, kernels over 100 µs): ``t = bytes / (bandwidth · η_mem)``
+  with each device's data-sheet bandwidth → ``memory_efficiency``.
+* fp32 GEMMs (NeuSight ``linear`` and ``bmm`` on the same GPUs): the roofline
+  GEMM model with wave quantisation → ``gemm_efficiency_fp32``, ``gemm_k_half``.
+* NVLink collectives (vTrain's NCCL all-reduce tables on 2-8 A100s):
+  ``t = 2(n-1)·α + 2(n-1)/n·S / (η·B_NVLink)`` → ``alpha_intra_us``,
+  ``link_efficiency_intra``.
+
+The per-kernel overhead inside a training step (``kernel_launch_us``) is fit on
+whole steps by ``experiments/calibrate_steps.py``. Fits minimise the mean absolute log error (robust to the many small kernels).
+Run ``python -m learnedperf.cost.calibrate [--data DIR]``; it prints the fits
+and stores them with their provenance in ``cost/data/params.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+import numpy as np
+
+_BINARY = {"add", "mul", "div", "pow"}
+_UNARY = {"addu", "mulu", "divu", "powu", "gelu", "relu", "tanh", "ln", "softmax"}
+
+
+def _devices() -> dict[str, dict]:
+    from ..catalog import get_device
+
+    names = {"NVIDIA A100-PCIE-40GB": "A100-PCIE-40GB", "Tesla P100-PCIE-16GB": "P100-PCIE-16GB",
+             "Tesla P4": "P4", "Tesla T4": "T4", "Tesla V100-PCIE-32GB": "V100-PCIE-32GB"}
+    return {k: get_device(v) for k, v in names.items()}
+
+
+def _grid_fit(loss, grids: dict[str, np.ndarray]) -> dict[str, float]:
+    keys = list(grids)
+    best, best_val = None, math.inf
+    for combo in np.array(np.meshgrid(*grids.values(), indexing="ij")).reshape(len(keys), -1).T:
+        val = loss(dict(zip(keys, combo)))
+        if val < best_val:
+            best, best_val = combo, val
+    return {k: float(v) for k, v in zip(keys, best)} | {"_mean_abs_log_error": float(best_val)}
+
+
+def fit_memory_bound(ops) -> dict[str, float]:
+    """Fit ``memory_efficiency`` and ``kernel_launch_us`` on NeuSight's memory-bound ops."""
+    devs = _devices()
+    # isolated-kernel timings carry a ~20-30 µs measurement floor (launch + event sync) that kernels queued
+    # back to back in a training step do not pay: fit the bandwidth term on kernels above 100 µs only
+    d = ops[ops.op.isin(_BINARY | _UNARY) & ops.device.isin(list(devs)) & (ops.latency_ms > 0.1)]
+    numel = d.B.to_numpy(float) * d.H.to_numpy(float)
+    tensors = np.where(d.op.isin(_BINARY), 3.0, 2.0)
+    nbytes = numel * tensors * 4.0
+    bw = d.device.map(lambda n: devs[n]["memory_bandwidth_GBps"] * 1e9).to_numpy(float)
+    y = np.log(d.latency_ms.to_numpy(float) * 1e-3)
+
+    def loss(p):
+        t = p["launch_us"] * 1e-6 + nbytes / (bw * p["eff"])
+        return float(np.mean(np.abs(np.log(t) - y)))
+
+    return _grid_fit(loss, {"eff": np.linspace(0.3, 1.0, 71), "launch_us": np.array([0.0])})
+
+
+def fit_gemm_fp32(ops, memory_eff: float, launch_us: float, tile: int = 128) -> dict[str, float]:
+    """Fit ``gemm_efficiency_fp32`` and ``gemm_k_half`` on NeuSight's fp32 linear/bmm ops."""
+    devs = _devices()
+    d = ops[ops.op.isin(["linear", "bmm"]) & ops.device.isin(list(devs)) & (ops.latency_ms > 0.1)]
+    B, M, N, K = (d[c].to_numpy(float) for c in ("B", "M", "N", "K"))
+    flops = 2 * B * M * N * K
+    nbytes = 4 * B * (M * K + K * N + M * N)
+    peak = d.device.map(lambda n: devs[n]["peak_tflops"]["fp32"] * 1e12).to_numpy(float)
+    sms = d.device.map(lambda n: devs[n].get("num_sms", 0)).to_numpy(float)
+    bw = d.device.map(lambda n: devs[n]["memory_bandwidth_GBps"] * 1e9).to_numpy(float) * memory_eff
+    tiles = B * np.ceil(M / tile) * np.ceil(N / tile)
+    waves = np.ceil(tiles / sms)
+    wave_eff = tiles / (waves * sms)
+    y = np.log(d.latency_ms.to_numpy(float) * 1e-3)
+
+    def loss(p):
+        eff = p["eff"] * wave_eff * K / (K + p["k_half"])
+        t = launch_us * 1e-6 + np.maximum(flops / (peak * eff), nbytes / bw)
+        return float(np.mean(np.abs(np.log(t) - y)))
+
+    return _grid_fit(loss, {"eff": np.linspace(0.4, 1.0, 61), "k_half": np.array([0, 8, 16, 32, 48, 64, 96, 128,
+                                                                                  192, 256])})
+
+
+def fit_nvlink_allreduce(data_dir: Path) -> dict[str, float]:
+    """Fit ``alpha_intra_us`` and ``link_efficiency_intra`` on vTrain's A100 NCCL all-reduce tables."""
+    from ..catalog import get_device
+
+    link = get_device("A100-SXM4-80GB")["intra_node_bandwidth_GBps"] * 1e9
+    xs, ys, ns = [], [], []
+    for n in range(2, 9):
+        path = data_dir / "vtrain" / "trace" / "a100" / f"AR_GPU{n}_1M_1024M_LUT"
+        rows = np.loadtxt(path, delimiter=",", skiprows=1, usecols=(0, 3))
+        xs.append(rows[:, 0])
+        ys.append(rows[:, 1] * 1e-9)
+        ns.append(np.full(len(rows), n))
+    S, t, n = np.concatenate(xs), np.concatenate(ys), np.concatenate(ns)
+    y = np.log(t)
+
+    def loss(p):
+        pred = 2 * (n - 1) * p["alpha_us"] * 1e-6 + 2 * (n - 1) / n * S / (link * p["eff"])
+        return float(np.mean(np.abs(np.log(pred) - y)))
+
+    return _grid_fit(loss, {"eff": np.linspace(0.4, 1.0, 61), "alpha_us": np.linspace(0.5, 15.0, 59)})
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Fit every operator-level constant and store them in ``cost/data/params.json``."""
+    import pandas as pd
+
+    from ..measure.public import default_shared_data
+    from .params import write_params
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", type=Path, default=default_shared_data())
+    ap.add_argument("--dry-run", action="store_true", help="print the fits without storing them")
+    args = ap.parse_args(argv)
+    ops = pd.read_parquet(args.data / "neusight_ops.parquet")
+    mem = fit_memory_bound(ops)
+    print("memory-bound kernels:", mem)
+    gemm = fit_gemm_fp32(ops, mem["eff"], 0.0)
+    print("fp32 GEMMs:", gemm)
+    ar = fit_nvlink_allreduce(args.data)
+    print("NVLink all-reduce:", ar)
+    src_ops = "fit by learnedperf.cost.calibrate on shared/data/neusight_ops.parquet"
+    src_ar = "fit by learnedperf.cost.calibrate on shared/data/vtrain/trace/a100/AR_GPU*_LUT (NCCL all-reduce)"
+    updates = {
+        "memory_efficiency": (mem["eff"], f"{src_ops} (element-wise/ln/softmax, 5 GPUs); "
+                                          f"mean |log err| {mem['_mean_abs_log_error']:.3f}"),
+        "gemm_efficiency_fp32": (gemm["eff"], f"{src_ops} (linear+bmm fp32, 5 GPUs); "
+                                              f"mean |log err| {gemm['_mean_abs_log_error']:.3f}"),
+        "gemm_k_half": (gemm["k_half"], f"{src_ops} (same fit)"),
+        "alpha_intra_us": (ar["alpha_us"], f"{src_ar}; mean |log err| {ar['_mean_abs_log_error']:.3f}"),
+        "link_efficiency_intra": (ar["eff"], f"{src_ar} (same fit; NVLink3 300 GB/s per direction)"),
+    }
+    if not args.dry_run:
+        write_params(updates)
+        print("stored in cost/data/params.json")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,63 @@
+"""Collective communication volumes: α-β model per topology level, ring and tree.
+
+For a group of ``n`` ranks with ``k`` in each of ``N = n/k`` nodes and a buffer of
+``S`` bytes, NCCL's ring moves per rank (Thakur et al. 2005; NCCL's
+``busBw`` convention, nccl-tests doc/PERFORMANCE.md):
+
+* all-reduce: ``2(k-1)/k·S`` over the node link and ``2(N-1)/N·S/k`` over the
+  rank's network share (the node's NICs carry ``2(N-1)/N·S`` split over its
+  ``k`` rings) — the hierarchical bound;
+* all-gather / reduce-scatter: half of that;
+* all-to-all: ``(k-1)/n·S`` inside the node, ``(n-k)/n·S`` across;
+* point-to-point: ``S`` on the level the two ranks share.
+
+Latency: a ring takes ``2(n-1)`` (all-reduce) or ``n-1`` steps of the slowest
+level's per-step latency; NCCL's tree (double binary tree across nodes, a
+chain inside) takes ``2(k-1)`` intra steps plus ``2·log2(N)`` inter steps and
+moves about ``2·S/k`` per rank's network share. The faster of the two is used,
+as NCCL's tuner does.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..graph.ops import Op
+from .base import CommCost
+
+
+def collective_cost(op: Op, alpha_intra_s: float, alpha_inter_s: float, bw_intra_Bps: float,
+                    bw_inter_Bps: float) -> CommCost:
+    """Latency and bytes per level of collective ``op`` (see module docstring)."""
+    g = op.group
+    S = op.bytes
+    if g is None or g.size <= 1 or S <= 0:
+        return CommCost(0.0, 0.0, 0.0, "none")
+    n, k = g.size, max(1, g.per_node)
+    N = max(1, n // k)
+    a_step = alpha_inter_s if N > 1 else alpha_intra_s
+    kind = op.kind
+    if kind == "allreduce":
+        ring = CommCost(2 * (n - 1) * a_step, 2 * (k - 1) / k * S, 2 * (N - 1) / N * S / k if N > 1 else 0.0)
+        if N <= 2:
+            return ring
+        tree = CommCost(2 * (k - 1) * alpha_intra_s + 2 * math.log2(N) * alpha_inter_s,
+                        2 * (k - 1) / k * S, 2 * S / k, "tree")
+        return min((ring, tree), key=lambda c: _standalone(c, bw_intra_Bps, bw_inter_Bps))
+    if kind in ("allgather", "reducescatter"):
+        return CommCost((n - 1) * a_step, (k - 1) / k * S, (N - 1) / N * S / k if N > 1 else 0.0)
+    if kind == "alltoall":
+        return CommCost((n - 1) * a_step if N > 1 else (k - 1) * alpha_intra_s, (k - 1) / n * S,
+                        (n - k) / n * S)
+    if kind == "p2p":
+        # a ring exchange inside the group (context parallelism) or one send between stages
+        steps = max(1, n - 1) if n > 2 else 1
+        if N > 1:
+            return CommCost(steps * alpha_inter_s, 0.0, S, "p2p")
+        return CommCost(steps * alpha_intra_s, S, 0.0, "p2p")
+    raise ValueError(f"not a collective: {kind}")
+
+
+def _standalone(c: CommCost, bw_intra: float, bw_inter: float) -> float:
+    return c.latency_s + max(c.intra_bytes / bw_intra if c.intra_bytes else 0.0,
+                             c.inter_bytes / bw_inter if c.inter_bytes else 0.0)

@@ -1,0 +1,82 @@
+"""Fitted constants of the analytical cost model.
+
+The values live in ``cost/data/params.json``, written by the fitting code in
+:mod:`learnedperf.cost.calibrate` (operator- and collective-level fits on the
+public measurements in ``shared/data``) and :mod:`learnedperf.simulate.calibrate`
+(whole-step fit); each value's provenance is stored next to it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields, replace
+from functools import cache
+from importlib import resources
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class CostParams:
+    """Efficiency and overhead constants of :class:`~learnedperf.cost.roofline.RooflineCost`.
+
+    Attributes:
+        gemm_efficiency_tensor: fraction of the data-sheet tensor-core peak a large GEMM reaches.
+        gemm_efficiency_fp32: fraction of the fp32 (non-tensor-core) peak a large GEMM reaches.
+        gemm_k_half: inner dimension at which a GEMM reaches half its large-k efficiency.
+        tile_m, tile_n: output tile of a GEMM thread block (CUTLASS/cuBLAS Ampere default 128×128)
+            used for wave quantisation over the SMs.
+        attention_efficiency: fraction of tensor-core peak a fused (flash) attention kernel reaches.
+        memory_efficiency: fraction of data-sheet DRAM bandwidth a memory-bound kernel reaches.
+        kernel_launch_us: fixed time added to every kernel (launch gap and tail).
+        kernel_floor_us: shortest time a kernel occupies the stream in a training step (the host's
+            per-operator dispatch time, which small kernels cannot hide).
+        link_efficiency_intra / link_efficiency_inter: fraction of data-sheet link bandwidth a
+            collective reaches (NCCL bus bandwidth / link bandwidth).
+        alpha_intra_us / alpha_inter_us: per-step latency of a ring collective inside / across nodes.
+    """
+
+    gemm_efficiency_tensor: float = 0.8
+    gemm_efficiency_fp32: float = 0.8
+    gemm_k_half: float = 64.0
+    tile_m: int = 128
+    tile_n: int = 128
+    attention_efficiency: float = 0.5
+    memory_efficiency: float = 0.8
+    kernel_launch_us: float = 5.0
+    kernel_floor_us: float = 0.0
+    link_efficiency_intra: float = 0.8
+    link_efficiency_inter: float = 0.8
+    alpha_intra_us: float = 5.0
+    alpha_inter_us: float = 10.0
+
+    def to_dict(self) -> dict:
+        """Plain dict of the constants."""
+        return asdict(self)
+
+
+def _path() -> Path:
+    return Path(str(resources.files(__package__).joinpath("data", "params.json")))
+
+
+@cache
+def default_params() -> CostParams:
+    """The shipped fitted constants (``cost/data/params.json``)."""
+    data = json.loads(_path().read_text(encoding="utf-8"))
+    names = {f.name for f in fields(CostParams)}
+    values = {k: v["value"] for k, v in data.items() if k in names}
+    return replace(CostParams(), **values)
+
+
+def provenance() -> dict:
+    """Each constant with the data and method that produced it."""
+    return json.loads(_path().read_text(encoding="utf-8"))
+
+
+def write_params(updates: dict[str, tuple[float, str]]) -> None:
+    """Store fitted ``{name: (value, provenance)}`` into ``params.json`` (used by calibration)."""
+    path = _path()
+    data = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    for name, (value, how) in updates.items():
+        data[name] = {"value": value, "provenance": how}
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    default_params.cache_clear()

@@ -1,0 +1,122 @@
+"""Analytical cost: roofline compute with per-kind efficiency, α-β collectives."""
+
+from __future__ import annotations
+
+import math
+
+from ..graph.ops import Op
+from ..specs import HardwareSpec
+from .base import CommCost, CostModel
+from .collective import collective_cost
+from .params import CostParams, default_params
+
+_TC_PRECISIONS = ("tf32", "bf16", "fp16", "fp8")
+
+
+class RooflineCost(CostModel):
+    """Roofline cost of ops on the devices of ``hardware``.
+
+    A GEMM takes ``launch + max(FLOPs / (peak·η), bytes / (bandwidth·η_mem))`` where
+    η is the fitted large-GEMM efficiency times wave quantisation over the SMs
+    (``tiles / (waves·SMs)``) times an inner-dimension factor ``k / (k + k½)``.
+    Fused attention runs at a fitted fraction of peak and skips the masked half
+    of a causal score matrix; every other kind is memory bound.
+    """
+
+    name = "roofline"
+
+    def __init__(self, hardware: HardwareSpec, params: CostParams | None = None):
+        self.hw = hardware
+        self.p = params or default_params()
+        d = hardware.device
+        self._bw = d.memory_bandwidth_GBps * 1e9 * self.p.memory_efficiency
+        self._sms = d.num_sms
+        self._launch = self.p.kernel_launch_us * 1e-6
+        self._floor = self.p.kernel_floor_us * 1e-6
+        self._peak: dict[str, float] = {}
+        self._cache: dict[Op, float] = {}
+        intra = hardware.intra_node_bandwidth_GBps
+        inter = hardware.inter_node_bandwidth_GBps
+        self._bw_intra = (intra or 0.0) * 1e9 * self.p.link_efficiency_intra
+        self._bw_inter = (inter or 0.0) * 1e9 * self.p.link_efficiency_inter
+        lat_intra = hardware.intra_node_latency_us
+        lat_inter = hardware.inter_node_latency_us
+        self._a_intra = (self.p.alpha_intra_us if lat_intra is None else lat_intra) * 1e-6
+        self._a_inter = (self.p.alpha_inter_us if lat_inter is None else lat_inter) * 1e-6
+
+    # ----------------------------------------------------------- compute
+    def _peak_flops(self, dtype: str, kind: str) -> tuple[float, float]:
+        """(peak FLOP/s, large-op efficiency) for ``dtype`` on this device."""
+        key = dtype + kind
+        if key not in self._peak:
+            peaks = self.hw.device.peak_tflops
+            if kind == "attention" and dtype == "fp8":
+                dtype = "bf16"  # fused attention runs in bf16 in fp8 recipes (Transformer Engine)
+            value = peaks.get(dtype) if dtype in _TC_PRECISIONS else None
+            if value is not None:
+                eff = self.p.attention_efficiency if kind == "attention" else self.p.gemm_efficiency_tensor
+            else:
+                value = peaks.fp32
+                eff = self.p.attention_efficiency if kind == "attention" else self.p.gemm_efficiency_fp32
+            self._peak[key] = value * 1e12
+            self._peak[key + "eff"] = eff
+        return self._peak[key], self._peak[key + "eff"]
+
+    def _wave_efficiency(self, tiles: int) -> float:
+        if self._sms <= 0 or tiles <= 0:
+            return 1.0
+        waves = math.ceil(tiles / self._sms)
+        return tiles / (waves * self._sms)
+
+    def compute_time_s(self, op: Op) -> float:
+        """Seconds of compute op ``op`` (memoised per distinct op)."""
+        cached = self._cache.get(op)
+        if cached is not None:
+            return cached
+        kind = op.kind
+        if kind == "matmul":
+            b, m, n, k = op.shape
+            peak, eff = self._peak_flops(op.dtype, kind)
+            tiles = b * math.ceil(m / self.p.tile_m) * math.ceil(n / self.p.tile_n)
+            eff *= self._wave_efficiency(tiles) * k / (k + self.p.gemm_k_half)
+            t = self._launch + max(op.flops / (peak * eff), op.bytes / self._bw)
+        elif kind == "attention":
+            b, heads, s_q, s_kv, _hd = op.shape
+            peak, eff = self._peak_flops(op.dtype, kind)
+            flops = op.flops
+            if op.causal:
+                # FlashAttention skips key blocks above the diagonal: (nb+1)/(2nb) of the blocks remain
+                nb = max(1, math.ceil(s_kv / self.p.tile_n))
+                flops *= (nb + 1) / (2 * nb) if s_q == s_kv else 1.0
+            tiles = b * heads * math.ceil(s_q / self.p.tile_m)
+            eff *= self._wave_efficiency(tiles)
+            t = self._launch + max(flops / (peak * eff), op.bytes / self._bw)
+        elif kind == "conv":
+            peak, eff = self._peak_flops(op.dtype, "matmul")
+            t = self._launch + max(op.flops / (peak * eff), op.bytes / self._bw)
+        else:
+            t = self._launch + op.bytes / self._bw
+        if t < self._floor:
+            t = self._floor
+        self._cache[op] = t
+        return t
+
+    # ----------------------------------------------------- communication
+    def link_bandwidth_Bps(self, level: str) -> float:
+        """Achievable per-direction bytes/s of one rank's ``level`` link."""
+        bw = self._bw_intra if level == "intra" else self._bw_inter
+        if bw <= 0:
+            field = "intra_node_bandwidth_GBps" if level == "intra" else "inter_node_bandwidth_GBps"
+            self.hw.link(field)  # raises a SpecError naming the missing field
+        return bw
+
+    def comm_cost(self, op: Op) -> CommCost:
+        """Latency and bytes per level of collective ``op``."""
+        g = op.group
+        if g is not None and g.size > 1:
+            # check that the links this collective needs are known (clear error otherwise)
+            if g.per_node > 1 or g.nodes == 1:
+                self.link_bandwidth_Bps("intra")
+            if g.nodes > 1:
+                self.link_bandwidth_Bps("inter")
+        return collective_cost(op, self._a_intra, self._a_inter, self._bw_intra or 1.0, self._bw_inter or 1.0)

@@ -1,0 +1,255 @@
+"""Compile a run into an execution graph.
+
+The execution graph is what one representative rank of each pipeline stage
+does in one iteration: the ops of each of its model chunks (tensor-, context-
+and expert-parallel collectives included) for forward, backward and
+recomputation; the pipeline schedule (the order of forward/backward units on
+each stage); pipeline send/recv sizes; gradient reduction in buckets (DDP), or
+ZeRO / FSDP gathers and reduce-scatters; and the optimizer step.
+
+Data-, tensor- and context-parallel replicas of a stage do the same work at
+the same time, so one rank per stage represents all of them: a 3072-GPU run
+with pp=64 compiles to 64 stage programs, not 3072.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..specs import RunSpec
+from ..units import MiB, dtype_bytes
+from .ops import Group, Op, comm
+from .transformer import (Shard, backward_of, embedding_forward, head_forward, layer_forward, optimizer_ops,
+                          shard_for)
+
+Block = tuple[list[Op], int]  # ops and how many times they repeat (identical layers)
+
+
+@dataclass
+class Chunk:
+    """One model chunk (virtual pipeline stage) held by a pipeline rank."""
+
+    vstage: int
+    num_layers: int
+    forward: list[Block]
+    backward: list[Block]  # recomputation (phase "recompute") included, in execution order
+    params: float  # parameters held (after tensor/expert sharding, before ZeRO)
+    dense_params: float  # of which reduced over dp·cp
+    expert_params: float  # of which reduced over the expert-data-parallel group
+    layer_params: float  # parameters of one layer (for FSDP gathers)
+
+
+@dataclass
+class Stage:
+    """One pipeline rank: its chunks and its schedule of forward/backward units."""
+
+    index: int
+    chunks: list[Chunk]
+    schedule: list[tuple[str, int, int]]  # ("F"|"B", chunk index, micro-batch)
+    optimizer: list[Op] = field(default_factory=list)
+
+
+@dataclass
+class ExecutionGraph:
+    """The compiled program of one iteration (see module docstring)."""
+
+    run: RunSpec
+    stages: list[Stage]
+    num_microbatches: int
+    p2p_bytes: float
+    p2p_group: Group
+    dp_group: Group  # gradient reduction group of dense parameters (dp·cp ranks)
+    expert_dp_group: Group
+    tp_group: Group
+    bucket_bytes: float
+    grad_bytes_per_param: int
+    param_bytes_per_param: int
+    tied_embedding_bytes: float  # grads exchanged between first and last stage (tied embeddings, pp>1)
+
+    def num_ops(self) -> int:
+        """Distinct op entries across all stage programs (a size measure)."""
+        return sum(len(ops) for st in self.stages for c in st.chunks for ops, _ in c.forward + c.backward)
+
+
+def group_placement(size: int, stride: int, devices_per_node: int) -> Group:
+    """Placement of a group of ``size`` ranks spaced ``stride`` apart (Megatron order tp, cp, dp, pp)."""
+    if size <= 1:
+        return Group(1, 1)
+    if stride >= devices_per_node:
+        return Group(size, 1)
+    per_node = max(1, min(size, devices_per_node // stride))
+    while size % per_node:  # a partial node: fall back to what divides evenly
+        per_node -= 1
+    return Group(size, per_node)
+
+
+def schedule_1f1b(p: int, m: int, stage: int) -> list[tuple[str, int, int]]:
+    """Non-interleaved 1F1B (PipeDream-Flush): warm-up forwards, steady 1F1B, cool-down backwards."""
+    warm = min(p - stage - 1, m)
+    order: list[tuple[str, int, int]] = [("F", 0, i) for i in range(warm)]
+    f, b = warm, 0
+    while f < m:
+        order.append(("F", 0, f))
+        f += 1
+        order.append(("B", 0, b))
+        b += 1
+    order.extend(("B", 0, i) for i in range(b, m))
+    return order
+
+
+def schedule_gpipe(m: int) -> list[tuple[str, int, int]]:
+    """GPipe: all forwards, then all backwards."""
+    return [("F", 0, i) for i in range(m)] + [("B", 0, i) for i in range(m)]
+
+
+def schedule_interleaved(p: int, v: int, m: int, stage: int) -> list[tuple[str, int, int]]:
+    """Megatron's interleaved 1F1B with ``v`` model chunks per rank (Narayanan et al., SC21, §2.2)."""
+    total = m * v
+
+    def unit(k: int, forward: bool) -> tuple[int, int]:
+        in_group = k % (p * v)
+        chunk = in_group // p
+        if not forward:
+            chunk = v - 1 - chunk
+        mb = (k // (p * v)) * p + (k % p)
+        return chunk, mb
+
+    warm = min((p - stage - 1) * 2 + (v - 1) * p, total)
+    order: list[tuple[str, int, int]] = []
+    for k in range(warm):
+        order.append(("F", *unit(k, True)))
+    fk, bk = warm, 0
+    while fk < total:
+        order.append(("F", *unit(fk, True)))
+        fk += 1
+        order.append(("B", *unit(bk, False)))
+        bk += 1
+    while bk < total:
+        order.append(("B", *unit(bk, False)))
+        bk += 1
+    return order
+
+
+def _layers_per_vstage(num_layers: int, n: int) -> list[int]:
+    base, extra = divmod(num_layers, n)
+    counts = [base] * n
+    # spare layers go to the middle virtual stages: the first holds the embedding, the last the LM head
+    order = sorted(range(n), key=lambda i: abs(i - (n - 1) / 2))
+    for i in order[:extra]:
+        counts[i] += 1
+    return counts
+
+
+def _recompute_ops(fwd: list[Op], policy: str) -> list[Op]:
+    """Ops re-run before a backward under ``policy`` (full: the whole forward; selective: core attention)."""
+    if policy == "full":
+        keep = fwd
+    elif policy == "selective":
+        keep = [op for op in fwd if op.name.split(".")[-1] in ("scores", "softmax", "dropout", "context")
+                and ".attn." in op.name]
+    else:
+        return []
+    return [Op(op.name + ".recompute", op.kind, "recompute", op.flops, op.bytes, op.dtype, op.shape, op.group,
+               op.causal) for op in keep]
+
+
+def compile_run(run: RunSpec, num_microbatches: int | None = None) -> ExecutionGraph:
+    """Compile ``run`` into its :class:`ExecutionGraph`.
+
+    ``num_microbatches`` overrides the run's count (the simulator uses it to
+    extrapolate long steady states exactly); by default the run's own.
+    """
+    model, hw, s = run.model, run.hardware, run.strategy
+    dpn = hw.node_size
+    tp, cp, dp, pp, v = s.tp, s.cp, s.dp, s.pp, s.virtual_pipeline_stages
+    m = run.num_microbatches if num_microbatches is None else num_microbatches
+    tp_group = group_placement(tp, 1, dpn)
+    cp_group = group_placement(cp, tp, dpn)
+    ep_group = group_placement(s.ep, tp, dpn)
+    dp_group = group_placement(dp * cp, tp, dpn)
+    expert_dp_group = group_placement(dp * cp // s.ep, tp * s.ep, dpn) if s.ep > 1 else dp_group
+    pp_group = group_placement(pp, tp * cp * dp, dpn)
+    sh: Shard = shard_for(run, tp_group, cp_group, ep_group)
+
+    zero = s.effective_zero_stage
+    pbytes = dtype_bytes(s.precision) if s.precision not in ("fp8",) else 2  # fp8 runs keep bf16 weights
+    gbytes = dtype_bytes(s.reduce_precision)
+    dense_layer_fwd = layer_forward(model, sh, False)
+    moe_layer_fwd = layer_forward(model, sh, True, "moe_layer") if model.is_moe else []
+    n_v = pp * v
+    counts = _layers_per_vstage(model.num_layers, n_v)
+    first_layer = [sum(counts[:i]) for i in range(n_v)]
+
+    h, V = model.hidden_size, model.vocab_size
+    dense_layer_params = model.layer_params(False) / tp
+    moe_attn_params = (model.layer_params(False) - model.mlp_matrices * h * model.ffn_hidden_size) / tp
+    expert_layer_params = (model.num_experts // s.ep) * model.mlp_matrices * h * model.ffn_hidden_size / tp
+
+    stages: list[Stage] = []
+    for st in range(pp):
+        chunks: list[Chunk] = []
+        for c in range(v):
+            vs = c * pp + st
+            n_layers = counts[vs]
+            n_moe = sum(1 for i in range(first_layer[vs], first_layer[vs] + n_layers)
+                        if model.is_moe and (i + 1) % model.moe_layer_frequency == 0)
+            n_dense = n_layers - n_moe
+            fwd: list[Block] = []
+            dense_p = n_dense * dense_layer_params + n_moe * moe_attn_params
+            expert_p = n_moe * expert_layer_params
+            if vs == 0:
+                fwd.append((embedding_forward(model, sh), 1))
+                dense_p += model.embedding_params() / tp
+            if n_dense:
+                fwd.append((dense_layer_fwd, n_dense))
+            if n_moe:
+                fwd.append((moe_layer_fwd, n_moe))
+            if vs == n_v - 1:
+                fwd.append((head_forward(model, sh), 1))
+                if not model.tie_embeddings or n_v > 1:
+                    dense_p += V * h / tp  # untied head, or the last stage's own copy of a tied embedding
+                dense_p += h
+            bwd: list[Block] = []
+            for ops, rep in reversed(fwd):
+                bwd.append((_recompute_ops(ops, s.recompute) + backward_of(ops), rep))
+            chunks.append(Chunk(vs, n_layers, fwd, bwd, dense_p + expert_p, dense_p, expert_p,
+                                dense_layer_params))
+        if pp == 1:
+            # no pipeline: gradient accumulation runs each micro-batch forward then backward
+            sched = [u for i in range(m) for u in (("F", 0, i), ("B", 0, i))]
+        elif s.pipeline_schedule == "gpipe":
+            sched = schedule_gpipe(m)
+        elif s.pipeline_schedule == "interleaved":
+            sched = schedule_interleaved(pp, v, m, st)
+        else:
+            sched = schedule_1f1b(pp, m, st)
+        params = sum(c.params for c in chunks)
+        local = params / dp if zero >= 1 else params  # ZeRO shards the optimizer step over dp
+        stages.append(Stage(st, chunks, sched, optimizer_ops(local, s.optimizer, s.precision)))
+
+    # with sequence parallelism Megatron sends only this rank's 1/tp of the activations between stages
+    p2p_bytes = sh.tokens * h * sh.e / (tp if sh.sp else 1)
+    tied = V * h / tp * gbytes if (model.tie_embeddings and n_v > 1) else 0.0
+    return ExecutionGraph(run, stages, m, p2p_bytes, pp_group, dp_group, expert_dp_group, tp_group,
+                          s.grad_bucket_size_MiB * MiB, gbytes, pbytes, tied)
+
+
+def gradient_collectives(eg: ExecutionGraph, chunk: Chunk) -> list[Op]:
+    """Gradient-reduction collectives of one chunk, one per bucket, in the order backward produces them.
+
+    DDP (ZeRO 0) all-reduces; ZeRO 1/2 reduce-scatter (each rank keeps its shard);
+    ZeRO 3 / FSDP reduce-scatter per micro-batch (handled by the simulator).
+    """
+    s = eg.run.strategy
+    kind = "allreduce" if s.effective_zero_stage == 0 else "reducescatter"
+    out: list[Op] = []
+    for params, group, tag in ((chunk.dense_params, eg.dp_group, "dense"),
+                               (chunk.expert_params, eg.expert_dp_group, "expert")):
+        if params <= 0 or group.size <= 1:
+            continue
+        total = params * eg.grad_bytes_per_param
+        n = max(1, round(total / eg.bucket_bytes))
+        for i in range(n):
+            out.append(comm(f"chunk{chunk.vstage}.{tag}.grad_{kind}{i}", kind, "bwd", total / n, group,
+                            s.reduce_precision))
+    return out

@@ -1,0 +1,260 @@
+"""Operator lists of transformer models: one layer, the embedding, the LM head, the optimizer.
+
+Everything is expressed for one *shard*: ``b`` sequences of ``s`` local tokens,
+weights split ``tp`` ways (Megatron tensor parallelism), optionally sequence
+parallel. With ``tp = cp = 1`` these are the ops of the unsharded model; the
+execution-graph compiler (:mod:`.execution`) calls them with the run's sharding
+and inserts the collectives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..specs import ModelSpec, RunSpec
+from ..units import dtype_bytes
+from .ops import Group, Op, OpGraph, comm, elementwise, matmul
+
+
+@dataclass(frozen=True)
+class Shard:
+    """How one rank sees a layer: micro-batch, local sequence, tensor/context split."""
+
+    b: int
+    s: int  # local query tokens per sequence (seq_length / cp)
+    s_kv: int  # keys/values each query attends to (full sequence)
+    tp: int = 1
+    sp: bool = False
+    dtype: str = "bf16"
+    flash: bool = True
+    tp_group: Group = Group(1, 1)
+    cp_group: Group = Group(1, 1)
+    ep_group: Group = Group(1, 1)
+    ep: int = 1
+
+    @property
+    def e(self) -> int:
+        """Bytes per activation element (fp8 runs keep activations in bf16)."""
+        return max(2, dtype_bytes(self.dtype)) if self.dtype == "fp8" else dtype_bytes(self.dtype)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens one rank holds for a replicated tensor (b·s)."""
+        return self.b * self.s
+
+
+def shard_for(run: RunSpec, tp_group: Group, cp_group: Group, ep_group: Group) -> Shard:
+    """The :class:`Shard` of one micro-batch of ``run``."""
+    s, m = run.strategy, run.model
+    return Shard(b=s.micro_batch_size, s=m.seq_length // s.cp, s_kv=m.seq_length, tp=s.tp,
+                 sp=s.sequence_parallel and s.tp > 1, dtype=s.precision, flash=s.flash_attention,
+                 tp_group=tp_group, cp_group=cp_group, ep_group=ep_group, ep=s.ep)
+
+
+def layer_forward(model: ModelSpec, sh: Shard, moe: bool = False, prefix: str = "layer") -> list[Op]:
+    """Forward ops of one transformer layer on one rank, TP/SP/CP/EP collectives included."""
+    h, hd, t, e, dt = model.hidden_size, model.head_dim, sh.tp, sh.e, sh.dtype
+    a_local = model.num_attention_heads // t
+    kv_local = max(1, model.num_kv_heads // t)
+    T = sh.tokens
+    T_norm = T // t if sh.sp else T  # tokens a rank normalises (sequence parallel splits them)
+    act_nbytes = T * h * e
+    ops: list[Op] = []
+    norm = model.norm
+    dropout = model.arch in ("gpt", "bert")
+
+    def tp_in(tag: str) -> None:
+        # entering a column-parallel block: identity (no SP) or all-gather of the sequence shards (SP)
+        if t > 1 and sh.sp:
+            ops.append(comm(f"{prefix}.{tag}.sp_allgather", "allgather", "fwd", act_nbytes, sh.tp_group, dt))
+
+    def tp_out(tag: str) -> None:
+        # leaving a row-parallel block: all-reduce of partial sums, or reduce-scatter with SP
+        if t > 1:
+            kind = "reducescatter" if sh.sp else "allreduce"
+            ops.append(comm(f"{prefix}.{tag}.tp_{kind}", kind, "fwd", act_nbytes, sh.tp_group, dt))
+
+    # --- attention block
+    ops.append(elementwise(f"{prefix}.attn.{norm}", norm, "fwd", T_norm * h, 1, 1, e, dt, 5.0, h))
+    tp_in("attn")
+    qkv_out = (a_local + 2 * kv_local) * hd
+    ops.append(matmul(f"{prefix}.attn.qkv", "fwd", T, qkv_out, h, dt, e))
+    if model.position_embedding == "rope":
+        ops.append(elementwise(f"{prefix}.attn.rope", "elementwise", "fwd", T * (a_local + kv_local) * hd,
+                               1, 1, e, dt, 3.0, hd))
+    if sh.cp_group.size > 1:
+        # ring attention: each rank receives the K and V shards of the other cp-1 ranks
+        kv_bytes = 2 * sh.b * sh.s * kv_local * hd * e * (sh.cp_group.size - 1)
+        ops.append(comm(f"{prefix}.attn.cp_kv", "p2p", "fwd", kv_bytes, sh.cp_group, dt))
+    causal = model.causal
+    if sh.flash:
+        flops = 4.0 * sh.b * a_local * sh.s * sh.s_kv * hd
+        nbytes = (sh.b * sh.s * (2 * a_local) * hd + 2 * sh.b * sh.s_kv * kv_local * hd) * e
+        ops.append(Op(f"{prefix}.attn.core", "attention", "fwd", flops, float(nbytes), dt,
+                      (sh.b, a_local, sh.s, sh.s_kv, hd), None, causal))
+    else:
+        bh = sh.b * a_local
+        ops.append(matmul(f"{prefix}.attn.scores", "fwd", sh.s, sh.s_kv, hd, dt, e, batch=bh))
+        scores = bh * sh.s * sh.s_kv
+        # Megatron's fused scale-mask-softmax reads and writes the s² scores once
+        ops.append(elementwise(f"{prefix}.attn.softmax", "softmax", "fwd", scores, 1, 1, e, dt, 5.0, sh.s_kv))
+        if dropout:
+            ops.append(elementwise(f"{prefix}.attn.dropout", "elementwise", "fwd", scores, 1, 1, e, dt, 2.0,
+                                   sh.s_kv))
+        ops.append(matmul(f"{prefix}.attn.context", "fwd", sh.s, hd, sh.s_kv, dt, e, batch=bh))
+    ops.append(matmul(f"{prefix}.attn.proj", "fwd", T, h, a_local * hd, dt, e))
+    tp_out("attn")
+    ops.append(elementwise(f"{prefix}.attn.residual", "elementwise", "fwd", T_norm * h, 2, 1, e, dt, 2.0, h))
+    # --- MLP block
+    ops.append(elementwise(f"{prefix}.mlp.{norm}", norm, "fwd", T_norm * h, 1, 1, e, dt, 5.0, h))
+    tp_in("mlp")
+    f_local = model.ffn_hidden_size // t
+    gated = model.activation == "swiglu"
+    up = f_local * (2 if gated else 1)
+    if moe:
+        E, k = model.num_experts, model.moe_top_k
+        ops.append(matmul(f"{prefix}.moe.router", "fwd", T, E, h, dt, e))
+        ops.append(elementwise(f"{prefix}.moe.topk", "softmax", "fwd", T * E, 1, 1, 4, "fp32", 5.0, E))
+        routed = T * k  # token copies this rank sends out and (balanced) receives back
+        if sh.ep > 1:
+            ops.append(comm(f"{prefix}.moe.dispatch", "alltoall", "fwd", routed * h * e, sh.ep_group, dt))
+        local_experts = E // sh.ep
+        rows = max(1, routed // local_experts)  # tokens per local expert (balanced routing)
+        ops.append(matmul(f"{prefix}.mlp.fc1", "fwd", rows, up, h, dt, e, batch=local_experts))
+        ops.append(elementwise(f"{prefix}.mlp.act", "elementwise", "fwd", routed * f_local, 2 if gated else 1, 1,
+                               e, dt, 8.0, f_local))
+        ops.append(matmul(f"{prefix}.mlp.fc2", "fwd", rows, h, f_local, dt, e, batch=local_experts))
+        if sh.ep > 1:
+            ops.append(comm(f"{prefix}.moe.combine", "alltoall", "fwd", routed * h * e, sh.ep_group, dt))
+        ops.append(elementwise(f"{prefix}.moe.weighted_sum", "elementwise", "fwd", routed * h, 1, 1, e, dt, 2.0, h))
+    else:
+        ops.append(matmul(f"{prefix}.mlp.fc1", "fwd", T, up, h, dt, e))
+        ops.append(elementwise(f"{prefix}.mlp.act", "elementwise", "fwd", T * f_local, 2 if gated else 1, 1, e,
+                               dt, 8.0, f_local))
+        ops.append(matmul(f"{prefix}.mlp.fc2", "fwd", T, h, f_local, dt, e))
+    tp_out("mlp")
+    ops.append(elementwise(f"{prefix}.mlp.residual", "elementwise", "fwd", T_norm * h, 2, 1, e, dt, 2.0, h))
+    return ops
+
+
+def backward_of(fwd: list[Op]) -> list[Op]:
+    """Backward ops of a forward op list, in reverse order.
+
+    A GEMM becomes two GEMMs of equal FLOPs (input gradient and weight gradient);
+    attention backward does twice the forward FLOPs; a memory-bound op reads the
+    output gradient and its saved input and writes the input gradient (twice the
+    forward traffic). The collective at a TP boundary has its conjugate in
+    backward: an all-reduce stays an all-reduce (moved to the block's input),
+    all-gather and reduce-scatter swap, and SP re-gathers its input for the
+    weight gradient (Megatron ``sequence_parallel``).
+    """
+    out: list[Op] = []
+    for op in reversed(fwd):
+        name = op.name
+        if op.kind == "matmul":
+            b, m, n, k = op.shape
+            e = op.bytes / max(1, b * (m * k + k * n + m * n))
+            out.append(Op(f"{name}.dgrad", "matmul", "bwd", op.flops, float(b * (m * n + n * k + m * k) * e),
+                          op.dtype, (b, m, k, n)))
+            out.append(Op(f"{name}.wgrad", "matmul", "bwd", op.flops, float(b * (m * k + m * n + k * n) * e),
+                          op.dtype, (b, k, n, m)))
+        elif op.kind == "attention":
+            out.append(Op(f"{name}.bwd", "attention", "bwd", 2.0 * op.flops, 2.0 * op.bytes, op.dtype, op.shape,
+                          None, op.causal))
+        elif op.kind == "allgather":
+            out.append(Op(f"{name}.bwd", "reducescatter", "bwd", 0.0, op.bytes, op.dtype, (), op.group))
+            out.append(Op(f"{name}.regather", "allgather", "bwd", 0.0, op.bytes, op.dtype, (), op.group))
+        elif op.kind == "reducescatter":
+            out.append(Op(f"{name}.bwd", "allgather", "bwd", 0.0, op.bytes, op.dtype, (), op.group))
+        elif op.kind in ("allreduce", "alltoall", "p2p"):
+            out.append(Op(f"{name}.bwd", op.kind, "bwd", 0.0, op.bytes, op.dtype, (), op.group))
+        else:
+            out.append(Op(f"{name}.bwd", op.kind, "bwd", op.flops * 2.0, op.bytes * 2.0, op.dtype, op.shape))
+    return out
+
+
+def embedding_forward(model: ModelSpec, sh: Shard) -> list[Op]:
+    """Token (and position) embedding lookup on the first pipeline stage."""
+    h, e, dt, T = model.hidden_size, sh.e, sh.dtype, sh.tokens
+    ops = [Op("embedding.lookup", "embedding", "fwd", 0.0, float(T * h * e + T * 8), dt, (T, h))]
+    if model.position_embedding == "learned":
+        ops.append(elementwise("embedding.position_add", "elementwise", "fwd", T * h, 2, 1, e, dt, 1.0, h))
+    if sh.tp > 1:
+        # vocab-parallel embedding: each rank holds V/tp rows, partial results are summed
+        kind = "reducescatter" if sh.sp else "allreduce"
+        ops.append(comm(f"embedding.tp_{kind}", kind, "fwd", T * h * e, sh.tp_group, dt))
+    return ops
+
+
+def head_forward(model: ModelSpec, sh: Shard) -> list[Op]:
+    """Final norm, LM head GEMM and (vocab-parallel) cross-entropy on the last stage."""
+    h, e, dt, T, t = model.hidden_size, sh.e, sh.dtype, sh.tokens, sh.tp
+    v_local = -(-model.vocab_size // t)
+    T_norm = T // t if sh.sp else T
+    ops = [elementwise(f"head.{model.norm}", model.norm, "fwd", T_norm * h, 1, 1, e, dt, 5.0, h)]
+    if t > 1 and sh.sp:
+        ops.append(comm("head.sp_allgather", "allgather", "fwd", T * h * e, sh.tp_group, dt))
+    ops.append(matmul("head.logits", "fwd", T, v_local, h, dt, e))
+    # cross-entropy in fp32: max, exp-sum and gather passes over the local logits
+    ops.append(elementwise("head.cross_entropy", "cross_entropy", "fwd", T * v_local, 2, 1, 4, "fp32", 5.0,
+                           v_local))
+    if t > 1:
+        ops.append(comm("head.ce_allreduce", "allreduce", "fwd", T * 4 * 3, sh.tp_group, "fp32"))
+    return ops
+
+
+def optimizer_ops(params: float, optimizer: str, precision: str) -> list[Op]:
+    """Optimizer step over ``params`` local parameters (memory bound).
+
+    Adam with fp32 master weights (mixed precision) reads weight, gradient and
+    two moments and writes weight, moments and the low-precision copy; the
+    gradient-norm pass for clipping reads the gradients once more.
+    """
+    if optimizer == "adam":
+        per_param = 4 * 4 + 3 * 4 + (dtype_bytes(precision) if precision not in ("fp32", "tf32") else 0) + 4
+        flops = 12.0
+    else:
+        per_param = 4 * 3 + 4
+        flops = 2.0
+    return [Op("optimizer.step", "optimizer", "opt", flops * params, float(per_param * params), "fp32",
+               (int(params), 1))]
+
+
+def operator_graph(model: ModelSpec, batch: int = 1, precision: str = "bf16", flash: bool = True,
+                   optimizer: str = "adam") -> OpGraph:
+    """The full operator graph of one training step of an unsharded model.
+
+    Identical layers are one block of ops with ``repeat = num_layers`` (dense and
+    MoE layers separately), so the graph stays small for any depth.
+    """
+    sh = Shard(b=batch, s=model.seq_length, s_kv=model.seq_length, dtype=precision, flash=flash)
+    g = OpGraph()
+    moe_layers = model.num_moe_layers
+    dense_layers = model.num_layers - moe_layers
+    fwd_blocks: list[tuple[list[Op], int]] = [(embedding_forward(model, sh), 1)]
+    if dense_layers:
+        fwd_blocks.append((layer_forward(model, sh, False), dense_layers))
+    if moe_layers:
+        fwd_blocks.append((layer_forward(model, sh, True, "moe_layer"), moe_layers))
+    fwd_blocks.append((head_forward(model, sh), 1))
+    prev: list[int] = []
+    for ops, rep in fwd_blocks:
+        for op in ops:
+            prev = [g.add(op, prev, rep)]
+    for ops, rep in reversed(fwd_blocks):
+        for op in backward_of(ops):
+            prev = [g.add(op, prev, rep)]
+    for op in optimizer_ops(model.num_params(), optimizer, precision):
+        g.add(op, prev, 1)
+    return g
+
+
+def model_flops_per_iteration(run: RunSpec) -> float:
+    """Model FLOPs of one iteration (forward + backward, no recompute), the MFU numerator.
+
+    Counted from the operator graph (attention in full, as in the Megatron formula).
+    """
+    m, s = run.model, run.strategy
+    g = operator_graph(m, 1, s.precision, True, s.optimizer)
+    per_seq = g.total_flops("fwd") + g.total_flops("bwd")
+    return per_seq * s.global_batch_size

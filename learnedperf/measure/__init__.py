@@ -1,0 +1,1 @@
+"""Measured runs: loaders of public measurements (and, later, local profiling)."""

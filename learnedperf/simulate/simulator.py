@@ -1,0 +1,401 @@
+"""Simulate one training iteration of a run: execution graph → events → times.
+
+One representative rank per pipeline stage executes its program on three
+streams — ``compute`` (kernels, blocking tensor/context/expert-parallel
+collectives and, unless overlapped, pipeline sends), ``dp`` (gradient
+reduction, ZeRO/FSDP gathers) and ``p2p`` (overlapped pipeline sends) — over
+two links per rank (``intra``: inside the node; ``inter``: its network share)
+whose bandwidth concurrent transfers share.
+
+Long steady states are extrapolated exactly: the iteration time of a pipeline
+of identical micro-batches is, after the warm-up, linear in their number, so
+runs with many micro-batches are simulated at two smaller counts and
+extended along that line (``exact=True`` simulates every micro-batch).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..cost import CostModel, RooflineCost
+from ..graph.execution import Chunk, ExecutionGraph, compile_run, gradient_collectives
+from ..graph.ops import Group, Op, comm
+from ..graph.transformer import model_flops_per_iteration
+from ..specs import RunSpec
+from ..units import GiB
+from .engine import Engine
+from .memory import MemoryBreakdown, peak_memory
+
+SIMULATOR_VERSION = "0.1.0"
+
+
+
+@dataclass
+class SimResult:
+    """The outcome of simulating one run."""
+
+    run: RunSpec
+    iteration_time_s: float
+    breakdown_s: dict[str, float]
+    memory: MemoryBreakdown
+    model_flops: float
+    num_events: int
+    extrapolated: bool
+    trace: Optional[list[dict]] = None
+    cost_model: str = "roofline"
+    notes: list[str] = field(default_factory=list)
+
+    def to_prediction(self, source: str = "simulator") -> dict:
+        """The prediction object of DESIGN.md (times in ms, memory in GiB)."""
+        run, t = self.run, self.iteration_time_s
+        n = run.hardware.num_devices
+        tflops = self.model_flops / t / n / 1e12
+        peak = run.hardware.device.peak_tflops.get(run.strategy.precision) or run.hardware.device.peak_tflops.fp32
+        mem_gib = self.memory.total / GiB
+        out = {
+            "iteration_time_ms": t * 1e3,
+            "tokens_per_second": run.tokens_per_iteration / t,
+            "samples_per_second": run.strategy.global_batch_size / t,
+            "tflops_per_device": tflops,
+            "mfu": tflops / peak,
+            "peak_memory_GiB": mem_gib,
+            "memory_GiB": self.memory.to_GiB(),
+            "fits_in_memory": mem_gib <= run.hardware.device.memory_GiB,
+            "breakdown_ms": {k: v * 1e3 for k, v in self.breakdown_s.items()},
+            # the analytical simulator has no calibrated spread yet: the interval is the point itself
+            "interval_ms": [t * 1e3, t * 1e3],
+            "source": source,
+            "simulator_version": SIMULATOR_VERSION,
+            "cost_model": self.cost_model,
+        }
+        if run.id is not None:
+            out["id"] = run.id
+        if self.notes:
+            out["notes"] = list(self.notes)
+        return out
+
+
+# ------------------------------------------------------------------ costs
+@dataclass
+class _UnitCost:
+    compute_s: float  # kernels
+    latency_s: float  # blocking collectives: latency
+    intra_bytes: float  # and bytes per link level
+    inter_bytes: float
+    segments: int = 1
+
+
+def _unit_cost(blocks, cost: CostModel) -> tuple[float, float, float, float, dict[str, float]]:
+    """Compute seconds and aggregated blocking-collective load of a list of (ops, repeat) blocks."""
+    comp = lat = intra = inter = 0.0
+    by_cat: dict[str, float] = {}
+    for ops, rep in blocks:
+        for op in ops:
+            if op.is_comm:
+                c = cost.comm_cost(op)
+                lat += c.latency_s * rep
+                intra += c.intra_bytes * rep
+                inter += c.inter_bytes * rep
+            else:
+                t = cost.compute_time_s(op) * rep
+                comp += t
+                by_cat[op.phase] = by_cat.get(op.phase, 0.0) + t
+    return comp, lat, intra, inter, by_cat
+
+
+class _Builder:
+    """Lays the execution graph out as engine tasks."""
+
+    def __init__(self, eg: ExecutionGraph, cost: CostModel, trace: bool):
+        self.eg, self.cost, self.trace = eg, cost, trace
+        self.run = eg.run
+        self.e = Engine()
+        self.links: dict[tuple[int, str], int] = {}
+        self.compute_part: dict[int, float] = {}  # task -> seconds of kernels (rest: blocking collectives)
+
+    def link(self, stage: int, level: str) -> int:
+        key = (stage, level)
+        if key not in self.links:
+            self.links[key] = self.e.add_link(f"stage{stage}.{level}", self.cost.link_bandwidth_Bps(level))
+        return self.links[key]
+
+    def demands(self, stage: int, intra: float, inter: float) -> list[tuple[int, float]]:
+        out = []
+        if intra > 0:
+            out.append((self.link(stage, "intra"), intra))
+        if inter > 0:
+            out.append((self.link(stage, "inter"), inter))
+        return out
+
+    def collective(self, stream: int, stage: int, op: Op, deps, category: str) -> int:
+        c = self.cost.comm_cost(op)
+        return self.e.transfer(stream, c.latency_s, self.demands(stage, c.intra_bytes, c.inter_bytes), deps,
+                               category, op.name)
+
+    def build(self) -> None:
+        eg, run, e, cost = self.eg, self.run, self.e, self.cost
+        s = run.strategy
+        pp, v = s.pp, s.virtual_pipeline_stages
+        n_v = pp * v
+        zero = s.effective_zero_stage
+        m = eg.num_microbatches
+        self.compute_streams = [e.add_stream(f"stage{st}.compute") for st in range(pp)]
+        dp_streams = [e.add_stream(f"stage{st}.dp") for st in range(pp)]
+        p2p_streams = [e.add_stream(f"stage{st}.p2p") for st in range(pp)] if s.overlap_p2p else self.compute_streams
+
+        # per chunk: forward and backward unit costs
+        fcost: dict[int, tuple] = {}
+        bcost: dict[int, tuple] = {}
+        for st in eg.stages:
+            for c in st.chunks:
+                fcost[c.vstage] = _unit_cost(c.forward, cost)
+                bcost[c.vstage] = _unit_cost(c.backward, cost)
+
+        # pipeline p2p: adjacent virtual stages on the same node or not
+        pg = eg.p2p_group
+        def p2p_level(a: int, b: int) -> str:
+            per = max(1, pg.per_node)
+            return "intra" if pg.size > 1 and per > 1 and a // per == b // per else "inter"
+        lat_of = {}
+        if pp > 1:
+            lat_of["intra"] = cost.comm_cost(comm("p2p", "p2p", "fwd", eg.p2p_bytes, Group(2, 2), s.precision))
+            lat_of["inter"] = cost.comm_cost(comm("p2p", "p2p", "fwd", eg.p2p_bytes, Group(2, 1), s.precision))
+
+        def p2p(src: int, dst: int):
+            """(latency, link demands) of sending one micro-batch's activations from ``src`` to ``dst``."""
+            lvl = p2p_level(src, dst)
+            return lat_of[lvl].latency_s, [(self.link(src, lvl), eg.p2p_bytes), (self.link(dst, lvl), eg.p2p_bytes)]
+        self.p2p = p2p
+
+        fwd_done: dict[tuple[int, int], int] = {}  # (vstage, mb) -> task whose end delivers activations
+        bwd_done: dict[tuple[int, int], int] = {}
+        last_b_of_chunk: dict[int, int] = {}
+        for st in eg.stages:
+            for kind, c, mb in st.schedule:
+                last_b_of_chunk[st.chunks[c].vstage] = mb if kind == "B" else last_b_of_chunk.get(st.chunks[c].vstage, -1)
+
+        # ZeRO-1/2 parameter all-gather overlapped into the iteration start (distributed optimizer)
+        param_gather: dict[int, int] = {}
+        grad_tasks: dict[int, list[int]] = {st.index: [] for st in eg.stages}
+        pbytes = eg.param_bytes_per_param
+        gbytes = eg.grad_bytes_per_param
+        if zero in (1, 2) and eg.dp_group.size > 1 and s.overlap_param_gather:
+            for st in eg.stages:
+                for c in st.chunks:
+                    op = comm(f"chunk{c.vstage}.param_allgather", "allgather", "fwd", c.params * pbytes,
+                              eg.dp_group, s.precision)
+                    param_gather[c.vstage] = self.collective(dp_streams[st.index], st.index, op, (), "dp_comm")
+
+        # Build in a global order that respects cross-stage deps: iterate schedules round-robin by position
+        pending = {st.index: list(st.schedule) for st in eg.stages}
+        ptr = {i: 0 for i in pending}
+        remaining = sum(len(x) for x in pending.values())
+        fsdp_prev_rs: dict[int, int] = {}
+        first_f_done: set[int] = set()
+        while remaining:
+            progressed = False
+            for st in eg.stages:
+                i = st.index
+                while ptr[i] < len(pending[i]):
+                    kind, c_idx, mb = pending[i][ptr[i]]
+                    chunk = st.chunks[c_idx]
+                    vs = chunk.vstage
+                    if kind == "F":
+                        if vs > 0 and (vs - 1, mb) not in fwd_done:
+                            break
+                        deps = [fwd_done[(vs - 1, mb)]] if vs > 0 else []
+                        if vs in param_gather and vs not in first_f_done:
+                            deps.append(param_gather[vs])
+                            first_f_done.add(vs)
+                        if zero >= 3 and eg.dp_group.size > 1:
+                            op = comm(f"chunk{vs}.fsdp_allgather.f{mb}", "allgather", "fwd", chunk.params * pbytes,
+                                      eg.dp_group, s.precision)
+                            stream = dp_streams[i] if s.overlap_param_gather else self.compute_streams[i]
+                            deps.append(self.collective(stream, i, op, (), "dp_comm"))
+                        comp, lat, intra, inter, _ = fcost[vs]
+                        # kernels and their blocking TP/CP/EP collectives as one task: compute time first,
+                        # then the collectives' bytes on the shared links (the part beyond ``comp`` is exposed)
+                        dem = self.demands(i, intra, inter)
+                        send = self.p2p(i, (vs + 1) % pp) if vs < n_v - 1 else None
+                        if send is not None and not s.overlap_p2p:
+                            # a blocking send ends the unit: its bytes join the same task (fewer events)
+                            lat += send[0]
+                            dem = dem + send[1]
+                            send = None
+                        t = e.transfer(self.compute_streams[i], comp + lat, dem, deps, "forward", f"F{vs}.{mb}")
+                        self.compute_part[t] = comp
+                        if send is not None:
+                            t = e.transfer(p2p_streams[i], send[0], send[1], (t,), "pp_comm", f"send F{vs}.{mb}")
+                        fwd_done[(vs, mb)] = t
+                    else:
+                        if vs < n_v - 1 and (vs + 1, mb) not in bwd_done:
+                            break
+                        deps = [bwd_done[(vs + 1, mb)]] if vs < n_v - 1 else [fwd_done[(vs, mb)]]
+                        if zero >= 3 and eg.dp_group.size > 1:
+                            op = comm(f"chunk{vs}.fsdp_allgather.b{mb}", "allgather", "bwd", chunk.params * pbytes,
+                                      eg.dp_group, s.precision)
+                            stream = dp_streams[i] if s.overlap_param_gather else self.compute_streams[i]
+                            deps.append(self.collective(stream, i, op, (), "dp_comm"))
+                        comp, lat, intra, inter, cats = bcost[vs]
+                        is_last = last_b_of_chunk.get(vs) == mb
+                        grads = gradient_collectives(eg, chunk) if (is_last and zero < 3) else []
+                        overlap = s.overlap_grad_reduce and grads
+                        nseg = min(len(grads), max(1, chunk.num_layers)) if overlap else 1
+                        t = -1
+                        seg_ends = []
+                        send = self.p2p(i, (vs - 1) % pp) if vs > 0 else None
+                        for k in range(nseg):
+                            d = deps if k == 0 else [t]
+                            seg_lat, dem = (comp + lat) / nseg, self.demands(i, intra / nseg, inter / nseg)
+                            if k == nseg - 1 and send is not None and not s.overlap_p2p:
+                                seg_lat += send[0]
+                                dem = dem + send[1]
+                                send = None
+                            t = e.transfer(self.compute_streams[i], seg_lat, dem, d, "backward", f"B{vs}.{mb}")
+                            self.compute_part[t] = comp / nseg
+                            seg_ends.append(t)
+                        if zero >= 3 and eg.dp_group.size > 1:
+                            op = comm(f"chunk{vs}.fsdp_reducescatter.b{mb}", "reducescatter", "bwd",
+                                      chunk.params * gbytes, eg.dp_group, s.reduce_precision)
+                            grad_tasks[i].append(self.collective(dp_streams[i], i, op, (t,), "dp_comm"))
+                        for k, op in enumerate(grads):
+                            dep = seg_ends[min(len(seg_ends) - 1, k * len(seg_ends) // len(grads))] if overlap else None
+                            grad_tasks[i].append(self.collective(dp_streams[i], i, op,
+                                                                 (dep,) if dep is not None else (), "dp_comm"))
+                        if send is not None:
+                            t = e.transfer(p2p_streams[i], send[0], send[1], (t,), "pp_comm", f"send B{vs}.{mb}")
+                        bwd_done[(vs, mb)] = t
+                    ptr[i] += 1
+                    remaining -= 1
+                    progressed = True
+            if not progressed:
+                raise RuntimeError("pipeline schedule has a cyclic dependency")
+
+        # without overlap, gradient reduction waits for the whole backward of the stage
+        if not s.overlap_grad_reduce:
+            for st in eg.stages:
+                last = e.stream_tasks[self.compute_streams[st.index]][-1]
+                for tid in grad_tasks[st.index]:
+                    e.t_succ[last].append(tid)
+                    e.t_ndeps[tid] += 1
+        # tied embeddings: first and last stage sum their embedding gradients
+        if eg.tied_embedding_bytes and pp > 1:
+            for idx in {0, pp - 1}:
+                op = comm("tied_embedding_allreduce", "allreduce", "bwd", eg.tied_embedding_bytes,
+                          Group(2, 2 if eg.p2p_group.per_node >= pp else 1), s.reduce_precision)
+                last = e.stream_tasks[self.compute_streams[idx]][-1]
+                grad_tasks[idx].append(self.collective(dp_streams[idx], idx, op, (last,), "dp_comm"))
+        # optimizer step after every gradient of the stage is reduced
+        self.opt_tasks = []
+        for st in eg.stages:
+            i = st.index
+            deps = list(grad_tasks[i]) + [e.stream_tasks[self.compute_streams[i]][-1]]
+            dur = sum(cost.compute_time_s(op) for op in st.optimizer)
+            t = e.compute(self.compute_streams[i], dur, deps, "optimizer", f"optimizer{i}")
+            if zero in (1, 2) and eg.dp_group.size > 1 and not s.overlap_param_gather:
+                for c in st.chunks:
+                    op = comm(f"chunk{c.vstage}.param_allgather", "allgather", "opt", c.params * pbytes,
+                              eg.dp_group, s.precision)
+                    t = self.collective(self.compute_streams[i], i, op, (t,), "dp_comm")
+            self.opt_tasks.append(t)
+        self.fcost, self.bcost = fcost, bcost
+
+
+def _analyse(b: _Builder) -> tuple[float, dict[str, float]]:
+    """Iteration time and breakdown of the critical (last-finishing) stage's compute stream."""
+    e = b.e
+    total = e.run()
+    best_stage, best_end = 0, -1.0
+    for st, sid in enumerate(b.compute_streams):
+        tasks = e.stream_tasks[sid]
+        end = e.end[tasks[-1]] if tasks else 0.0
+        if end > best_end:
+            best_stage, best_end = st, end
+    tasks = e.stream_tasks[b.compute_streams[best_stage]]
+    bd = {"forward": 0.0, "backward": 0.0, "recompute": 0.0, "optimizer": 0.0, "exposed_communication": 0.0,
+          "pipeline_bubble": 0.0}
+    prev_end = 0.0
+    recompute_share = {}
+    for vs, (comp, _l, _i, _x, cats) in b.bcost.items():
+        recompute_share[vs] = cats.get("recompute", 0.0) / comp if comp else 0.0
+    for i in tasks:
+        gap = e.start[i] - prev_end
+        if gap > 0:
+            w = e.waited[i]
+            cause = e.t_cat[w] if w >= 0 else ""
+            # waiting on a gradient/parameter collective is exposed communication; waiting on another
+            # stage's activations (compute or its send) is the pipeline bubble
+            if cause in ("dp_comm", "tp_comm"):
+                bd["exposed_communication"] += gap
+            else:
+                bd["pipeline_bubble"] += gap
+        dur = e.end[i] - e.start[i]
+        cat = e.t_cat[i]
+        if cat in ("forward", "backward"):
+            comp = min(dur, b.compute_part.get(i, dur))
+            bd["exposed_communication"] += dur - comp
+            if cat == "backward":
+                vs = int(e.t_name[i][1:].split(".")[0])
+                r = recompute_share.get(vs, 0.0)
+                bd["recompute"] += comp * r
+                bd["backward"] += comp * (1 - r)
+            else:
+                bd["forward"] += comp
+        elif cat == "optimizer":
+            bd[cat] += dur
+        else:
+            bd["exposed_communication"] += dur
+        prev_end = e.end[i]
+    # anything after the critical stage's last task (other stages still finishing) is bubble
+    bd["pipeline_bubble"] += max(0.0, total - prev_end)
+    bd["compute"] = bd["forward"] + bd["backward"] + bd["recompute"]
+    return total, bd
+
+
+def _simulate_once(run: RunSpec, cost: CostModel, m: int, trace: bool):
+    eg = compile_run(run, m)
+    b = _Builder(eg, cost, trace)
+    b.build()
+    total, bd = _analyse(b)
+    return total, bd, b, eg
+
+
+def simulate(run: RunSpec | dict, *, cost: CostModel | None = None, trace: bool = False,
+             exact: bool = False) -> SimResult:
+    """Simulate one iteration of ``run`` and return a :class:`SimResult`.
+
+    Args:
+        run: a :class:`RunSpec` or a run-format dict.
+        cost: the cost model (default: :class:`RooflineCost` with the fitted constants).
+        trace: also return a Chrome/Perfetto trace of the iteration (simulates every micro-batch).
+        exact: simulate every micro-batch instead of extrapolating a long steady state.
+    """
+    run = RunSpec.from_dict(run) if not isinstance(run, RunSpec) else run
+    cost = cost or RooflineCost(run.hardware)
+    s = run.strategy
+    m = run.num_microbatches
+    # after the warm-up (p-1 micro-batches) every stage repeats the same pattern: two counts that are
+    # multiples of p (the interleaved schedule's period) past it fix the line exactly
+    m1, m2 = (s.pp, 2 * s.pp) if s.pp > 1 else (2, 3)
+    extrapolate = not (exact or trace) and m > m2
+    if extrapolate:
+        t1, bd1, _b1, _ = _simulate_once(run, cost, m1, False)
+        t2, bd2, b2, _ = _simulate_once(run, cost, m2, False)
+        slope = (m - m2) / (m2 - m1)
+        total = t2 + (t2 - t1) * slope
+        bd = {k: max(0.0, bd2[k] + (bd2[k] - bd1[k]) * slope) for k in bd2}
+        events = len(b2.e.t_stream)
+        eg = compile_run(run)
+    else:
+        total, bd, b2, eg = _simulate_once(run, cost, m, trace)
+        events = len(b2.e.t_stream)
+    mem = peak_memory(eg)
+    result = SimResult(run, total, bd, mem, model_flops_per_iteration(run), events, extrapolate,
+                       cost_model=cost.name)
+    if trace:
+        from .trace import chrome_trace
+
+        result.trace = chrome_trace(b2.e)
+    return result

@@ -1,0 +1,65 @@
+"""Shared machinery of the spec classes: frozen pydantic models whose
+validation errors become one :class:`~learnedperf.errors.SpecError` naming the field."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ..errors import SpecError
+
+T = TypeVar("T", bound="Spec")
+
+
+def _loc_to_field(prefix: str, loc: tuple) -> str:
+    parts = [prefix] if prefix else []
+    for item in loc:
+        if isinstance(item, int):
+            parts[-1:] = [f"{parts[-1]}[{item}]"] if parts else [f"[{item}]"]
+        else:
+            parts.append(str(item) if str(item).isprintable() else repr(str(item)))
+    return ".".join(parts)
+
+
+def spec_error_from(exc: ValidationError, prefix: str) -> SpecError:
+    """Turn a pydantic ``ValidationError`` into one SpecError naming the first field."""
+    errors = exc.errors(include_url=False)
+    first = errors[0]
+    field = _loc_to_field(prefix, tuple(first.get("loc", ())))
+    kind = first.get("type", "")
+    if kind == "extra_forbidden":
+        msg = "unknown field"
+    elif kind == "missing":
+        msg = "required field is missing"
+    else:
+        msg = first.get("msg", "invalid value")
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, "):]
+        if "input" in first and kind not in ("model_type", "dict_type") and not isinstance(first["input"], dict):
+            msg = f"{msg} (got {first['input']!r})"
+    if len(errors) > 1:
+        msg += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
+    return SpecError(field, msg)
+
+
+class Spec(BaseModel):
+    """Base of every spec: frozen, strict about unknown keys, JSON round-trippable."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    @classmethod
+    def parse(cls: type[T], data: Any, prefix: str = "") -> T:
+        """Validate ``data`` (a dict) into this spec; raise SpecError naming the field."""
+        if isinstance(data, cls):
+            return data
+        if not isinstance(data, dict):
+            raise SpecError(prefix, f"expected a JSON object, got {type(data).__name__}")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise spec_error_from(exc, prefix) from None
+
+    def to_dict(self) -> dict:
+        """JSON-compatible dict; ``parse(to_dict())`` gives an equal spec."""
+        return self.model_dump(mode="json", exclude_none=True)

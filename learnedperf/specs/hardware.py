@@ -1,0 +1,155 @@
+"""Devices and clusters.
+
+A :class:`DeviceSpec` is one accelerator as its data sheet describes it; a
+:class:`HardwareSpec` is ``num_devices`` of them grouped in nodes (or NVLink
+domains) of ``devices_per_node``, with the per-device, per-direction bandwidth
+and latency of the links inside and across nodes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from pydantic import Field, model_validator
+
+from ..errors import SpecError
+from ._base import Spec
+
+
+class PeakTflops(Spec):
+    """Dense peak throughput per precision in TFLOP/s (no sparsity); ``None`` = unsupported."""
+
+    fp32: float = Field(gt=0)
+    tf32: Optional[float] = Field(default=None, gt=0)
+    bf16: Optional[float] = Field(default=None, gt=0)
+    fp16: Optional[float] = Field(default=None, gt=0)
+    fp8: Optional[float] = Field(default=None, gt=0)
+
+    def get(self, precision: str) -> Optional[float]:
+        """Peak TFLOP/s of ``precision`` or None when the device has no such math."""
+        if precision not in ("fp32", "tf32", "bf16", "fp16", "fp8"):
+            raise SpecError("strategy.precision", f"unknown precision {precision!r}")
+        return getattr(self, precision)
+
+
+class DeviceSpec(Spec):
+    """One accelerator. Link fields are per device and per direction."""
+
+    name: str
+    vendor: str = "unknown"
+    peak_tflops: PeakTflops
+    memory_bandwidth_GBps: float = Field(gt=0)
+    memory_GiB: float = Field(gt=0)
+    num_sms: int = Field(default=0, ge=0, description="SMs (NVIDIA) or compute units (AMD); 0 = unknown")
+    l2_cache_MiB: float = Field(default=0.0, ge=0)
+    clock_MHz: float = Field(default=0.0, ge=0)
+    intra_node_bandwidth_GBps: Optional[float] = Field(default=None, gt=0)
+    inter_node_bandwidth_GBps: Optional[float] = Field(default=None, gt=0)
+    intra_node_latency_us: Optional[float] = Field(default=None, ge=0)
+    inter_node_latency_us: Optional[float] = Field(default=None, ge=0)
+    tdp_W: Optional[float] = Field(default=None, gt=0)
+    devices_per_node: Optional[int] = Field(default=None, ge=1,
+                                            description="usual node (NVLink domain) size of the platform")
+    sources: dict[str, str] = Field(default_factory=dict)
+
+    def peak_flops(self, precision: str) -> float:
+        """Peak FLOP/s of ``precision`` (raises SpecError if unsupported)."""
+        value = self.peak_tflops.get(precision)
+        if value is None:
+            raise SpecError("strategy.precision", f"device {self.name} has no {precision} math")
+        return value * 1e12
+
+
+_LINK_FIELDS = ("intra_node_bandwidth_GBps", "inter_node_bandwidth_GBps", "intra_node_latency_us",
+                "inter_node_latency_us")
+
+
+class HardwareSpec(Spec):
+    """A set of identical devices in nodes, with resolved link parameters."""
+
+    device: DeviceSpec
+    num_devices: int = Field(ge=1)
+    devices_per_node: int = Field(ge=1)
+    cluster: Optional[str] = None
+    intra_node_bandwidth_GBps: Optional[float] = Field(default=None, gt=0)
+    inter_node_bandwidth_GBps: Optional[float] = Field(default=None, gt=0)
+    intra_node_latency_us: Optional[float] = Field(default=None, ge=0)
+    inter_node_latency_us: Optional[float] = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> "HardwareSpec":
+        if self.num_devices > self.devices_per_node and self.num_devices % self.devices_per_node:
+            raise ValueError(f"num_devices={self.num_devices} is not a multiple of "
+                             f"devices_per_node={self.devices_per_node}")
+        return self
+
+    @property
+    def num_nodes(self) -> int:
+        """Number of nodes (NVLink domains) the devices occupy."""
+        return max(1, -(-self.num_devices // self.devices_per_node))
+
+    @property
+    def node_size(self) -> int:
+        """Devices in one node actually used (a single partial node counts as one)."""
+        return min(self.devices_per_node, self.num_devices)
+
+    def link(self, name: str) -> float:
+        """A resolved link value; SpecError naming the field if the run needs it and nothing gave it."""
+        value = getattr(self, name)
+        if value is None:
+            raise SpecError(f"hardware.{name}", f"not given and not known for device {self.device.name}; "
+                            "set it in hardware or use a catalog cluster")
+        return value
+
+
+def resolve_hardware(value: Any, prefix: str = "hardware") -> HardwareSpec:
+    """Resolve the run format's ``hardware`` object (device name / inline device / cluster name)."""
+    from ..catalog import get_cluster, get_device
+
+    if isinstance(value, HardwareSpec):
+        return value
+    if not isinstance(value, dict):
+        raise SpecError(prefix, f"expected a JSON object, got {type(value).__name__}")
+    allowed = {"device", "cluster", "num_devices", "devices_per_node", *_LINK_FIELDS}
+    for key in value:
+        if key not in allowed:
+            raise SpecError(f"{prefix}.{key if str(key).isprintable() else repr(key)}", "unknown field")
+    cluster_name = value.get("cluster")
+    base: dict[str, Any] = {}
+    if cluster_name is not None:
+        if not isinstance(cluster_name, str):
+            raise SpecError(f"{prefix}.cluster", "expected a catalog cluster name")
+        base = dict(get_cluster(cluster_name, field=f"{prefix}.cluster"))
+    device_value = value.get("device", base.get("device"))
+    if device_value is None:
+        raise SpecError(f"{prefix}.device", "required field is missing (give device or cluster)")
+    if isinstance(device_value, str):
+        device = DeviceSpec.parse(get_device(device_value, field=f"{prefix}.device"), f"{prefix}.device")
+    else:
+        device = DeviceSpec.parse(device_value, f"{prefix}.device")
+    if "num_devices" not in value:
+        raise SpecError(f"{prefix}.num_devices", "required field is missing")
+    resolved: dict[str, Any] = {
+        "device": device,
+        "num_devices": value["num_devices"],
+        "cluster": base.get("name"),
+    }
+    # A bare inline device without a node size is one per node: that never invents an NVLink domain.
+    resolved["devices_per_node"] = value.get("devices_per_node",
+                                             base.get("devices_per_node", device.devices_per_node or 1))
+    for f in _LINK_FIELDS:
+        # precedence: the run's own value, then the cluster's, then the device's catalog entry
+        resolved[f] = value.get(f, base.get(f, getattr(device, f)))
+    data = {k: v for k, v in resolved.items() if v is not None}
+    data["device"] = device
+    try:
+        return HardwareSpec.model_validate(data)
+    except Exception as exc:  # pydantic ValidationError → one SpecError
+        from pydantic import ValidationError
+
+        from ._base import spec_error_from
+
+        if isinstance(exc, ValidationError):
+            raise spec_error_from(exc, prefix) from None
+        raise
+

@@ -1,0 +1,327 @@
+"""HuggingFace ``config.json`` → the inline architecture dict of :class:`~learnedperf.specs.model.ModelSpec`.
+
+One function, :func:`hf_config_to_arch`, maps the key names of each supported
+``model_type`` onto the run format's architecture keys. It only reads the dict;
+``ModelSpec`` validates the result. Supported families:
+
+* decoders with learned or rotary positions: ``gpt2``, ``gptj``, ``gpt_neox``, ``opt`` → arch ``gpt``
+* encoders: ``bert``, ``roberta`` → arch ``bert``
+* gated-SiLU decoders: ``llama``, ``mistral``, ``qwen2`` → arch ``llama``
+* mixture of experts: ``mixtral`` and ``switch_transformers`` → arch ``moe``
+
+A config without ``model_type`` is recognised from its ``architectures`` list,
+and failing that from the common key names (``hidden_size``/``n_embd``/``d_model``,
+``num_hidden_layers``/``n_layer``/``num_layers``, ...).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from ..errors import SpecError
+
+# model_type → (arch, family). The family selects the key names and conventions below.
+_MODEL_TYPES: dict[str, tuple[str, str]] = {
+    "gpt2": ("gpt", "gpt2"),
+    "gptj": ("gpt", "gptj"),
+    "gpt_neox": ("gpt", "gpt_neox"),
+    "opt": ("gpt", "opt"),
+    "bert": ("bert", "bert"),
+    "roberta": ("bert", "roberta"),
+    "llama": ("llama", "llama"),
+    "mistral": ("llama", "llama"),
+    "qwen2": ("llama", "llama"),
+    "mixtral": ("moe", "mixtral"),
+    "switch_transformers": ("moe", "switch"),
+}
+
+# HuggingFace class names (config["architectures"]) → model_type, for configs without model_type.
+_ARCHITECTURE_PREFIXES: tuple[tuple[str, str], ...] = (
+    ("GPT2", "gpt2"), ("GPTJ", "gptj"), ("GPTNeoX", "gpt_neox"), ("OPT", "opt"), ("Bert", "bert"),
+    ("Roberta", "roberta"), ("Llama", "llama"), ("Mistral", "mistral"), ("Qwen2", "qwen2"),
+    ("Mixtral", "mixtral"), ("SwitchTransformers", "switch_transformers"),
+)
+
+# Synonyms of each architecture key, most specific first (the generic fallback uses all of them).
+_KEYS: dict[str, tuple[str, ...]] = {
+    "num_layers": ("num_hidden_layers", "n_layer", "num_layers", "n_layers"),
+    "hidden_size": ("hidden_size", "n_embd", "d_model", "dim"),
+    "num_attention_heads": ("num_attention_heads", "n_head", "num_heads", "n_heads"),
+    "num_kv_heads": ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "multi_query_group_num"),
+    "ffn_hidden_size": ("intermediate_size", "n_inner", "ffn_dim", "d_ff", "ffn_hidden_size"),
+    "vocab_size": ("vocab_size", "padded_vocab_size", "n_vocab"),
+    "seq_length": ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length", "seq_length"),
+}
+
+_GELU = {"gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "gelu_python", "gelu_accurate", "quick_gelu",
+         "gelu_10", "gelu2"}
+_RELU = {"relu", "relu2", "relu6"}
+_GATED = {"silu", "swish", "swiglu", "silu_gated"}
+
+
+def _get(config: dict, prefix: str, key: str, names: Optional[tuple[str, ...]] = None,
+         required: bool = True) -> Any:
+    """The first of ``names`` (synonyms of ``key``) present and not null in ``config``."""
+    for name in names or _KEYS[key]:
+        value = config.get(name)
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise SpecError(f"{prefix}.hf_config.{name}", f"expected an integer, got {value!r}")
+            return value
+    if required:
+        candidates = names or _KEYS[key]
+        raise SpecError(f"{prefix}.hf_config.{candidates[0]}",
+                        f"required key is missing (looked for {', '.join(candidates)})")
+    return None
+
+
+def _flag(config: dict, prefix: str, key: str, default: bool) -> bool:
+    """A boolean key (``tie_word_embeddings``, ``is_gated_act``); null means the default."""
+    value = config.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise SpecError(f"{prefix}.hf_config.{key}", f"expected true or false, got {value!r}")
+    return value
+
+
+def _activation(config: dict, prefix: str, names: tuple[str, ...], default: str, gated: bool = False) -> str:
+    """Map HF activation names onto gelu / relu / swiglu (gated SiLU)."""
+    for name in names:
+        act = config.get(name)
+        if act is None:
+            continue
+        act = str(act).lower()
+        if act.startswith("gated-"):  # T5 v1.1 style "gated-gelu"
+            gated, act = True, act[len("gated-"):]
+        if gated or act in _GATED:
+            # ModelSpec has one gated activation; gated GELU (GeGLU) costs the same as SwiGLU.
+            return "swiglu"
+        if act in _GELU:
+            return "gelu"
+        if act in _RELU:
+            return "relu"
+        raise SpecError(f"{prefix}.hf_config.{name}", f"unsupported activation {act!r} (gelu, relu or silu)")
+    return default
+
+
+def _model_type(config: dict, prefix: str) -> Optional[str]:
+    mt = config.get("model_type")
+    if mt is not None:
+        mt = str(mt).lower().replace("-", "_")
+        if mt not in _MODEL_TYPES:
+            raise SpecError(f"{prefix}.hf_config.model_type",
+                            f"unsupported model_type {config['model_type']!r}; supported: "
+                            f"{', '.join(sorted(_MODEL_TYPES))}")
+        return mt
+    classes = config.get("architectures") or []
+    if isinstance(classes, str):
+        classes = [classes]
+    if not isinstance(classes, list):
+        raise SpecError(f"{prefix}.hf_config.architectures",
+                        f"expected a list of class names, got {type(classes).__name__}")
+    for cls_name in classes:
+        for start, mt in _ARCHITECTURE_PREFIXES:
+            if isinstance(cls_name, str) and cls_name.startswith(start):
+                return mt
+    return None
+
+
+def _seq_length(config: dict, seq_length: Optional[int], prefix: str, family: str) -> int:
+    if seq_length is not None:
+        if isinstance(seq_length, bool) or not isinstance(seq_length, int) or seq_length < 1:
+            raise SpecError(f"{prefix}.seq_length", f"expected a positive integer, got {seq_length!r}")
+        return seq_length
+    value = _get(config, prefix, "seq_length", required=False)
+    if value is None:
+        raise SpecError(f"{prefix}.seq_length",
+                        "not given and the config has none of max_position_embeddings, n_positions, n_ctx; "
+                        "pass seq_length next to hf_config")
+    if family == "roberta" and value > 2:
+        # RoBERTa's position table has padding_idx + 1 = 2 extra rows (514 for 512 tokens).
+        pad = config.get("pad_token_id")
+        value -= (pad if isinstance(pad, int) and not isinstance(pad, bool) and 0 <= pad < value - 1 else 1) + 1
+    return value
+
+
+def hf_config_to_arch(config: dict, seq_length: Optional[int], prefix: str) -> dict:
+    """Map a HuggingFace ``config.json`` dict to an inline ModelSpec architecture dict.
+
+    Args:
+        config: the parsed ``config.json``.
+        seq_length: training sequence length; ``None`` takes the config's maximum
+            position count (``max_position_embeddings`` / ``n_positions`` / ``n_ctx``).
+        prefix: dotted path of the model in the run, used to name fields in errors.
+
+    Returns:
+        A dict with ``name``, ``arch``, ``num_layers``, ``hidden_size``, ``num_attention_heads``,
+        ``num_kv_heads``, ``ffn_hidden_size``, ``vocab_size``, ``seq_length``, ``num_experts``,
+        ``moe_top_k``, ``moe_layer_frequency``, ``activation``, ``norm``, ``causal``,
+        ``tie_embeddings`` and ``position_embedding``.
+
+    Raises:
+        SpecError: ``{prefix}.hf_config.<key>`` for an unsupported ``model_type`` or a missing or
+            malformed essential key; ``{prefix}.seq_length`` when no sequence length is known.
+    """
+    if not isinstance(config, dict):
+        raise SpecError(f"{prefix}.hf_config", f"expected a JSON object, got {type(config).__name__}")
+    mt = _model_type(config, prefix)
+    if mt is None:
+        return _generic(config, seq_length, prefix)
+    arch, family = _MODEL_TYPES[mt]
+    name = str(config.get("_name_or_path") or config.get("name_or_path") or f"hf-{mt}")
+
+    if family == "switch":
+        return _switch(config, seq_length, prefix, name)
+
+    h = _get(config, prefix, "hidden_size")
+    heads = _get(config, prefix, "num_attention_heads")
+    out: dict[str, Any] = {
+        "name": name,
+        "arch": arch,
+        "num_layers": _get(config, prefix, "num_layers"),
+        "hidden_size": h,
+        "num_attention_heads": heads,
+        "vocab_size": _get(config, prefix, "vocab_size"),
+        "seq_length": _seq_length(config, seq_length, prefix, family),
+    }
+    ffn = _get(config, prefix, "ffn_hidden_size", required=False)
+
+    if family in ("gpt2", "gptj", "gpt_neox", "opt"):
+        out["ffn_hidden_size"] = ffn or 4 * h  # GPT-2/GPT-J: n_inner null means 4h
+        out["num_kv_heads"] = heads
+        out["activation"] = _activation(config, prefix, ("activation_function", "hidden_act"), "gelu")
+        out["norm"] = "layernorm"
+        out["causal"] = True
+        if family in ("gptj", "gpt_neox"):
+            # Rotary positions, untied LM head; the attention/MLP run in parallel (GPT-J, NeoX's
+            # use_parallel_residual): same operators and parameters, counted here as sequential.
+            out["position_embedding"] = "rope"
+            out["tie_embeddings"] = _flag(config, prefix, "tie_word_embeddings", False)
+        else:
+            # OPT-350m projects 1024 -> word_embed_proj_dim=512 around the stack; that small
+            # projection is ignored, as is OPT's 2-row position offset.
+            out["position_embedding"] = "learned"
+            out["tie_embeddings"] = _flag(config, prefix, "tie_word_embeddings", True)
+    elif family in ("bert", "roberta"):
+        out["ffn_hidden_size"] = ffn or 4 * h
+        out["num_kv_heads"] = heads
+        out["activation"] = _activation(config, prefix, ("hidden_act",), "gelu")
+        out["norm"] = "layernorm"
+        out["causal"] = False
+        out["position_embedding"] = "learned"
+        out["tie_embeddings"] = _flag(config, prefix, "tie_word_embeddings", True)
+    else:  # llama, mistral, qwen2, mixtral
+        if ffn is None:
+            raise SpecError(f"{prefix}.hf_config.intermediate_size", "required key is missing")
+        out["ffn_hidden_size"] = ffn
+        out["num_kv_heads"] = _get(config, prefix, "num_kv_heads", required=False) or heads
+        # These families always gate their MLP (act(W1 x) * W3 x); the activation is SiLU in all
+        # released checkpoints.
+        out["activation"] = _activation(config, prefix, ("hidden_act",), "swiglu", gated=True)
+        out["norm"] = "rmsnorm"
+        out["causal"] = True
+        out["position_embedding"] = "rope"
+        out["tie_embeddings"] = _flag(config, prefix, "tie_word_embeddings", False)
+        if family == "mixtral":
+            out["num_experts"] = _get(config, prefix, "num_experts",
+                                      ("num_local_experts", "num_experts"))
+            out["moe_top_k"] = _get(config, prefix, "moe_top_k",
+                                    ("num_experts_per_tok", "num_experts_per_token", "moe_top_k"))
+            out["moe_layer_frequency"] = 1
+    out.setdefault("num_experts", 1)
+    out.setdefault("moe_top_k", 1)
+    out.setdefault("moe_layer_frequency", 1)
+    return out
+
+
+def _switch(config: dict, seq_length: Optional[int], prefix: str, name: str) -> dict:
+    """Switch Transformer (encoder-decoder T5 with top-1 expert MLPs every ``*_sparse_step`` layers).
+
+    Approximation: ModelSpec has one stack, so the encoder and decoder layers are counted as one
+    stack of ``num_layers + num_decoder_layers`` layers, causal, without the decoder's
+    cross-attention; positions are T5's relative bias ("none"); T5's norm has no bias or mean
+    subtraction ("rmsnorm"); the attention width is taken as ``d_model`` (T5 allows
+    ``num_heads * d_kv != d_model``). Switch routes each token to one expert.
+    """
+    enc = _get(config, prefix, "num_layers", ("num_layers",))
+    dec = _get(config, prefix, "num_layers", ("num_decoder_layers",), required=False)
+    if dec is None:
+        dec = enc if config.get("is_encoder_decoder", True) else 0
+    num_experts = _get(config, prefix, "num_experts", ("num_experts",))
+    step = _get(config, prefix, "moe_layer_frequency", ("encoder_sparse_step", "decoder_sparse_step"),
+                required=False) or 1
+    gated = _flag(config, prefix, "is_gated_act", False)
+    if seq_length is None:
+        # T5 has no position table; n_positions appears in some configs and is honoured.
+        seq_length = _get(config, prefix, "seq_length", ("n_positions", "max_position_embeddings"),
+                          required=False)
+        if seq_length is None:
+            raise SpecError(f"{prefix}.seq_length",
+                            "Switch/T5 configs have no maximum position count; pass seq_length next to hf_config")
+    heads = _get(config, prefix, "num_attention_heads", ("num_heads",))
+    return {
+        "name": name,
+        "arch": "moe",
+        "num_layers": enc + dec,
+        "hidden_size": _get(config, prefix, "hidden_size", ("d_model",)),
+        "num_attention_heads": heads,
+        "num_kv_heads": heads,
+        "ffn_hidden_size": _get(config, prefix, "ffn_hidden_size", ("d_ff",)),
+        "vocab_size": _get(config, prefix, "vocab_size", ("vocab_size",)),
+        "seq_length": _seq_length({}, seq_length, prefix, "switch"),
+        "num_experts": num_experts,
+        "moe_top_k": 1,
+        "moe_layer_frequency": step,
+        "activation": _activation(config, prefix, ("dense_act_fn", "feed_forward_proj"), "relu", gated=gated),
+        "norm": "rmsnorm",
+        "causal": True,
+        "tie_embeddings": _flag(config, prefix, "tie_word_embeddings", True),
+        "position_embedding": "none",
+    }
+
+
+def _generic(config: dict, seq_length: Optional[int], prefix: str) -> dict:
+    """Config with no recognisable model_type: read the common key names.
+
+    Llama-style (``arch`` ``llama``) when the config names key/value heads or an RMSNorm epsilon,
+    GPT-style otherwise; MoE when it names experts.
+    """
+    if not any(k in config for k in _KEYS["hidden_size"]):
+        raise SpecError(f"{prefix}.hf_config.model_type",
+                        "required key is missing, and the config has no recognisable architecture keys")
+    h = _get(config, prefix, "hidden_size")
+    heads = _get(config, prefix, "num_attention_heads")
+    llama_like = any(k in config for k in ("num_key_value_heads", "rms_norm_eps"))
+    num_experts = _get(config, prefix, "num_experts", ("num_local_experts", "num_experts"), required=False) or 1
+    out: dict[str, Any] = {
+        "name": str(config.get("_name_or_path") or "hf-model"),
+        "num_layers": _get(config, prefix, "num_layers"),
+        "hidden_size": h,
+        "num_attention_heads": heads,
+        "num_kv_heads": _get(config, prefix, "num_kv_heads", required=False) or heads,
+        "vocab_size": _get(config, prefix, "vocab_size"),
+        "seq_length": _seq_length(config, seq_length, prefix, "generic"),
+        "num_experts": num_experts,
+        "moe_top_k": 1,
+        "moe_layer_frequency": 1,
+        "causal": True,  # full HF dumps carry is_decoder=false even for GPT-2; do not trust it
+    }
+    ffn = _get(config, prefix, "ffn_hidden_size", required=False)
+    if llama_like or num_experts > 1:
+        out.update(arch="moe" if num_experts > 1 else "llama", norm="rmsnorm", position_embedding="rope",
+                   tie_embeddings=_flag(config, prefix, "tie_word_embeddings", False),
+                   activation=_activation(config, prefix, ("hidden_act", "activation_function"), "swiglu",
+                                          gated=True))
+        if num_experts > 1:
+            out["moe_top_k"] = _get(config, prefix, "moe_top_k", ("num_experts_per_tok", "moe_top_k"),
+                                    required=False) or 2
+        if ffn is None:
+            raise SpecError(f"{prefix}.hf_config.intermediate_size", "required key is missing")
+        out["ffn_hidden_size"] = ffn
+    else:
+        out.update(arch="gpt", norm="layernorm", position_embedding="learned",
+                   tie_embeddings=_flag(config, prefix, "tie_word_embeddings", True),
+                   activation=_activation(config, prefix, ("activation_function", "hidden_act"), "gelu"))
+        out["ffn_hidden_size"] = ffn or 4 * h
+    return out

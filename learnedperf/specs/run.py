@@ -1,0 +1,153 @@
+"""A run: model × hardware × strategy, validated as a whole."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+from pydantic import Field
+
+from ..errors import SpecError
+from ._base import Spec
+from .hardware import HardwareSpec, resolve_hardware
+from .model import ModelSpec, resolve_model
+from .strategy import Strategy
+
+_TOP_LEVEL = {"model", "hardware", "strategy", "id", "run_id", "name", "meta"}
+
+
+class RunSpec(Spec):
+    """One training run in the DESIGN.md run format, fully resolved.
+
+    Build it with :meth:`from_dict` (accepts catalog names, inline specs and
+    HuggingFace configs); ``to_dict`` writes everything inline so that the
+    result re-parses to an equal spec.
+    """
+
+    model: ModelSpec
+    hardware: HardwareSpec
+    strategy: Strategy
+    id: Optional[str] = None
+    meta: dict[str, Any] = Field(default_factory=dict)
+
+    # ------------------------------------------------------------- building
+    @classmethod
+    def from_dict(cls, data: Any) -> "RunSpec":
+        """Validate a run-format dict; every inconsistency raises one SpecError naming the field."""
+        if isinstance(data, RunSpec):
+            return data
+        if not isinstance(data, dict):
+            raise SpecError("", f"a run must be a JSON object, got {type(data).__name__}")
+        for key in data:
+            if key not in _TOP_LEVEL:
+                raise SpecError(_key(key), "unknown field (a run has model, hardware, strategy, id, meta)")
+        for key in ("model", "hardware"):
+            if key not in data:
+                raise SpecError(key, "required field is missing")
+        model = resolve_model(data["model"])
+        hardware = resolve_hardware(data["hardware"])
+        raw_strategy = data.get("strategy", {})
+        if raw_strategy is None:
+            raw_strategy = {}
+        strategy = Strategy.parse(raw_strategy, "strategy")
+        strategy = _complete_strategy(model, hardware, strategy)
+        meta = data.get("meta", {}) or {}
+        if not isinstance(meta, dict):
+            raise SpecError("meta", "expected a JSON object")
+        run_id = data.get("id", data.get("run_id"))
+        return cls.model_construct(model=model, hardware=hardware, strategy=strategy,
+                                   id=None if run_id is None else str(run_id), meta=meta)
+
+    @classmethod
+    def from_json(cls, text: str) -> "RunSpec":
+        """Parse one run from JSON text."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SpecError("", f"invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+        return cls.from_dict(data)
+
+    def to_dict(self) -> dict:
+        """Inline, JSON-compatible form of the run."""
+        out = super().to_dict()
+        if not out.get("meta"):
+            out.pop("meta", None)
+        return out
+
+    # -------------------------------------------------------------- derived
+    @property
+    def num_microbatches(self) -> int:
+        """Micro-batches each pipeline processes per iteration (gradient accumulation steps)."""
+        s = self.strategy
+        return s.global_batch_size // (s.micro_batch_size * s.dp)
+
+    @property
+    def tokens_per_iteration(self) -> int:
+        """Tokens consumed by one iteration."""
+        return self.strategy.global_batch_size * self.model.seq_length
+
+
+def _key(key: object) -> str:
+    """A user's key as it may appear in a one-line message (control characters escaped)."""
+    text = str(key)
+    return text if text.isprintable() else repr(text)
+
+
+def _complete_strategy(model: ModelSpec, hw: HardwareSpec, s: Strategy) -> Strategy:
+    """Derive dp / global batch and check every cross-field constraint."""
+    n = hw.num_devices
+    mp = s.tp * s.pp * s.cp
+    dp = s.dp
+    if dp is None:
+        if n % mp:
+            field = next((f"strategy.{k}" for k, v in (("tp", s.tp), ("pp", s.pp), ("cp", s.cp)) if n % v),
+                         "strategy.dp")
+            raise SpecError(field, f"tp·pp·cp = {s.tp}·{s.pp}·{s.cp} = {mp} does not divide "
+                                           f"num_devices = {n}")
+        dp = n // mp
+    if mp * dp != n:
+        raise SpecError("strategy.dp", f"tp·pp·dp·cp = {s.tp}·{s.pp}·{dp}·{s.cp} = {mp * dp} "
+                                       f"but hardware.num_devices = {n}")
+    gbs = s.global_batch_size if s.global_batch_size is not None else s.micro_batch_size * dp
+    if gbs % (s.micro_batch_size * dp):
+        raise SpecError("strategy.global_batch_size",
+                        f"{gbs} is not divisible by micro_batch_size·dp = {s.micro_batch_size}·{dp}")
+    m = gbs // (s.micro_batch_size * dp)
+    heads, kv = model.num_attention_heads, model.num_kv_heads
+    if heads % s.tp:
+        raise SpecError("strategy.tp", f"tp={s.tp} does not divide num_attention_heads={heads} of {model.name}")
+    if kv % s.tp and s.tp % kv:
+        raise SpecError("strategy.tp", f"tp={s.tp} and num_kv_heads={kv} of {model.name}: "
+                                       "one must divide the other")
+    if model.ffn_hidden_size % s.tp:
+        raise SpecError("strategy.tp", f"tp={s.tp} does not divide ffn_hidden_size={model.ffn_hidden_size}")
+    v = s.virtual_pipeline_stages
+    if model.num_layers < s.pp * v:
+        raise SpecError("strategy.pp", f"pp·virtual_pipeline_stages = {s.pp * v} exceeds "
+                                       f"num_layers = {model.num_layers}")
+    if v > 1:
+        if model.num_layers % (s.pp * v):
+            raise SpecError("strategy.virtual_pipeline_stages",
+                            f"num_layers={model.num_layers} is not divisible by pp·virtual_pipeline_stages="
+                            f"{s.pp * v}")
+        if m % s.pp:
+            raise SpecError("strategy.global_batch_size",
+                            f"the interleaved schedule needs the number of micro-batches ({m}) "
+                            f"to be a multiple of pp={s.pp}")
+    if s.cp > 1 and model.seq_length % (2 * s.cp):
+        raise SpecError("strategy.cp", f"seq_length={model.seq_length} is not divisible by 2·cp={2 * s.cp}")
+    if s.sequence_parallel and model.seq_length % (s.tp * s.cp):
+        raise SpecError("strategy.sequence_parallel",
+                        f"seq_length={model.seq_length} is not divisible by tp·cp={s.tp * s.cp}")
+    if s.ep > 1:
+        if not model.is_moe:
+            raise SpecError("strategy.ep", f"ep={s.ep} needs a mixture-of-experts model; {model.name} has none")
+        if model.num_experts % s.ep:
+            raise SpecError("strategy.ep", f"ep={s.ep} does not divide num_experts={model.num_experts}")
+        if (dp * s.cp) % s.ep:
+            raise SpecError("strategy.ep", f"ep={s.ep} must divide dp·cp={dp * s.cp}")
+    if hw.device.peak_tflops.get(s.precision) is None:
+        raise SpecError("strategy.precision", f"device {hw.device.name} has no {s.precision} math")
+    if s.pipeline_schedule == "interleaved" and s.pp < 2:
+        raise SpecError("strategy.pipeline_schedule", "interleaving needs pp >= 2")
+    return s.model_copy(update={"dp": dp, "global_batch_size": gbs})

@@ -1,0 +1,64 @@
+"""Parallelisation strategy: how a run splits work over devices and time."""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import Field, model_validator
+
+from ._base import Spec
+
+Precision = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
+
+
+class Strategy(Spec):
+    """Data, tensor, pipeline, context and expert parallelism plus the knobs around them.
+
+    ``dp`` and ``global_batch_size`` may be left out: :func:`~learnedperf.specs.run.RunSpec`
+    derives ``dp = num_devices / (tp·pp·cp)`` and ``global_batch_size =
+    micro_batch_size · dp`` (one micro-batch per iteration).
+    """
+
+    tp: int = Field(default=1, ge=1, description="tensor-parallel size")
+    pp: int = Field(default=1, ge=1, description="pipeline-parallel size")
+    dp: Optional[int] = Field(default=None, ge=1, description="data-parallel size")
+    cp: int = Field(default=1, ge=1, description="context-parallel size (sequence split across ranks)")
+    ep: int = Field(default=1, ge=1, description="expert-parallel size (carved out of dp·cp)")
+    micro_batch_size: int = Field(default=1, ge=1)
+    global_batch_size: Optional[int] = Field(default=None, ge=1)
+    pipeline_schedule: Literal["gpipe", "1f1b", "interleaved"] = "1f1b"
+    virtual_pipeline_stages: int = Field(default=1, ge=1, description="model chunks per pipeline rank")
+    zero_stage: Literal[0, 1, 2, 3] = 0
+    fsdp: bool = Field(default=False, description="PyTorch FSDP full sharding (same traffic as ZeRO-3)")
+    recompute: Literal["none", "selective", "full"] = "none"
+    sequence_parallel: bool = False
+    precision: Precision = "bf16"
+    flash_attention: bool = Field(default=True, description="fused attention kernel (no s² tensor in memory)")
+    grad_bucket_size_MiB: float = Field(default=25.0, gt=0, description="DDP gradient bucket (PyTorch default 25 MiB)")
+    overlap_grad_reduce: bool = Field(default=True, description="reduce gradients while backward runs")
+    overlap_param_gather: bool = Field(default=True, description="prefetch ZeRO-3/FSDP parameters")
+    overlap_p2p: bool = Field(default=False, description="pipeline send/recv off the critical path")
+    grad_reduce_precision: Optional[Precision] = Field(
+        default=None, description="precision of gradient reduction; default fp32 for bf16/fp8 "
+                                  "(Megatron accumulates and reduces in fp32), else the run precision")
+    optimizer: Literal["adam", "sgd"] = "adam"
+
+    @model_validator(mode="after")
+    def _check(self) -> "Strategy":
+        if self.pipeline_schedule == "interleaved" and self.virtual_pipeline_stages < 2:
+            raise ValueError("pipeline_schedule 'interleaved' needs virtual_pipeline_stages >= 2")
+        if self.virtual_pipeline_stages > 1 and self.pipeline_schedule != "interleaved":
+            raise ValueError("virtual_pipeline_stages > 1 needs pipeline_schedule 'interleaved'")
+        return self
+
+    @property
+    def effective_zero_stage(self) -> int:
+        """ZeRO stage, with FSDP counted as stage 3."""
+        return 3 if self.fsdp else self.zero_stage
+
+    @property
+    def reduce_precision(self) -> str:
+        """Precision in which gradients travel in data-parallel reduction."""
+        if self.grad_reduce_precision is not None:
+            return self.grad_reduce_precision
+        return "fp32" if self.precision in ("bf16", "fp8", "fp32", "tf32") else self.precision

@@ -1,0 +1,644 @@
+"""Tests of the run format: RunSpec / ModelSpec / HardwareSpec / Strategy parsing and validation.
+
+Most tests use inline devices and models so that they do not depend on the catalog's
+contents; the few that use catalog names skip when the catalog files are absent.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+import learnedperf
+from learnedperf.errors import CatalogError, SpecError
+from learnedperf.specs import DeviceSpec, HardwareSpec, ModelSpec, RunSpec, Strategy
+
+# --------------------------------------------------------------------------- fixtures / helpers
+
+CATALOG_DIR = Path(learnedperf.__file__).parent / "catalog" / "data"
+
+
+def needs_catalog(*kinds: str):
+    """Skip unless catalog/data/devices.json (and the other named catalog files) exist."""
+    files = [CATALOG_DIR / f"{kind}.json" for kind in ("devices", *kinds)]
+    missing = [f.name for f in files if not f.exists()]
+    return pytest.mark.skipif(bool(missing), reason=f"catalog/data/{', '.join(missing)} not written yet")
+
+
+# An A100-like device without fp8 math, and without link parameters.
+DEVICE = {
+    "name": "test-gpu",
+    "vendor": "test",
+    "peak_tflops": {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
+    "memory_bandwidth_GBps": 2039.0,
+    "memory_GiB": 80.0,
+    "num_sms": 108,
+    "l2_cache_MiB": 40.0,
+    "clock_MHz": 1410.0,
+}
+
+DEVICE_FP8 = dict(DEVICE, name="test-gpu-fp8", peak_tflops=dict(DEVICE["peak_tflops"], fp8=1979.0))
+
+GPT_SMALL = {"arch": "gpt", "num_layers": 24, "hidden_size": 2048, "num_attention_heads": 32,
+             "vocab_size": 50257, "seq_length": 2048}
+
+LLAMA_GQA = {"name": "llama-gqa", "arch": "llama", "num_layers": 32, "hidden_size": 4096,
+             "num_attention_heads": 32, "num_kv_heads": 8, "ffn_hidden_size": 14336,
+             "vocab_size": 32000, "seq_length": 4096}
+
+MOE = {"name": "moe-8x", "arch": "moe", "num_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+       "num_kv_heads": 8, "ffn_hidden_size": 14336, "vocab_size": 32000, "seq_length": 4096,
+       "num_experts": 8, "moe_top_k": 2}
+
+GPT3_175B = {"name": "gpt3-175b-inline", "arch": "gpt", "num_layers": 96, "hidden_size": 12288,
+             "num_attention_heads": 96, "vocab_size": 50257, "seq_length": 2048}
+
+LLAMA2_7B = {"name": "llama2-7b-inline", "arch": "llama", "num_layers": 32, "hidden_size": 4096,
+             "num_attention_heads": 32, "ffn_hidden_size": 11008, "vocab_size": 32000, "seq_length": 4096}
+
+
+def hw(num_devices: int = 8, devices_per_node: int = 8, device: dict | None = None, **links) -> dict:
+    return {"device": copy.deepcopy(device or DEVICE), "num_devices": num_devices,
+            "devices_per_node": devices_per_node, **links}
+
+
+def run(model=None, hardware=None, **strategy) -> dict:
+    return {"model": copy.deepcopy(model if model is not None else GPT_SMALL),
+            "hardware": hardware if hardware is not None else hw(),
+            "strategy": strategy}
+
+
+def assert_one_line_error(err: SpecError) -> None:
+    text = str(err)
+    assert "\n" not in text and "\r" not in text, text
+    assert text.startswith(err.field), (err.field, text)
+    assert err.message and err.message in text
+
+
+def expect_spec_error(fn, *args, field: str | None = None, field_prefix: str | None = None) -> SpecError:
+    """Call ``fn`` and check it raises a SpecError (and nothing else) naming ``field``."""
+    try:
+        fn(*args)
+    except SpecError as exc:
+        err = exc
+    except BaseException as exc:  # noqa: BLE001 - the point is to catch anything else
+        pytest.fail(f"expected SpecError, got {type(exc).__name__}: {exc}")
+    else:
+        pytest.fail("expected SpecError, nothing was raised")
+    assert isinstance(err, SpecError)
+    if field is not None:
+        assert err.field == field, str(err)
+    if field_prefix is not None:
+        assert err.field == field_prefix or err.field.startswith(field_prefix + "."), str(err)
+    assert_one_line_error(err)
+    return err
+
+
+def roundtrip(spec: RunSpec) -> RunSpec:
+    return RunSpec.from_dict(json.loads(json.dumps(spec.to_dict())))
+
+
+# --------------------------------------------------------------------------- valid runs
+
+def test_valid_run_roundtrips_through_json():
+    d = run(LLAMA_GQA, hw(64, 8), tp=8, pp=2, micro_batch_size=2, global_batch_size=64,
+            recompute="selective", sequence_parallel=True, zero_stage=1)
+    d["id"] = "run-1"
+    d["meta"] = {"note": "x"}
+    spec = RunSpec.from_dict(d)
+    again = roundtrip(spec)
+    assert again == spec
+    assert again.to_dict() == spec.to_dict()
+    assert spec.id == "run-1"
+    assert spec.meta == {"note": "x"}
+    # to_dict writes everything inline (no catalog names needed to re-parse)
+    out = spec.to_dict()
+    assert isinstance(out["model"], dict) and isinstance(out["hardware"]["device"], dict)
+    assert set(out) <= {"model", "hardware", "strategy", "id", "meta"}
+
+
+def test_roundtrip_of_from_json():
+    spec = RunSpec.from_dict(run(MOE, hw(16, 8), tp=2, ep=4, micro_batch_size=1, global_batch_size=32))
+    assert RunSpec.from_json(json.dumps(spec.to_dict())) == spec
+
+
+def test_dp_derived_and_default_global_batch():
+    spec = RunSpec.from_dict(run(LLAMA_GQA, hw(64, 8), tp=4, pp=2, cp=2, micro_batch_size=3))
+    assert spec.strategy.dp == 64 // (4 * 2 * 2) == 4
+    assert spec.strategy.global_batch_size == 3 * 4
+    assert spec.num_microbatches == 1
+    assert spec.tokens_per_iteration == 12 * 4096
+
+
+def test_num_microbatches():
+    spec = RunSpec.from_dict(run(GPT_SMALL, hw(32, 8), tp=2, pp=4, micro_batch_size=2, global_batch_size=64))
+    assert spec.strategy.dp == 4
+    assert spec.num_microbatches == 64 // (2 * 4) == 8
+
+
+def test_explicit_consistent_dp_accepted():
+    spec = RunSpec.from_dict(run(GPT_SMALL, hw(16, 8), tp=2, pp=2, dp=4))
+    assert spec.strategy.dp == 4
+
+
+def test_strategy_defaults():
+    spec = RunSpec.from_dict({"model": GPT_SMALL, "hardware": hw(8, 8)})
+    s = spec.strategy
+    assert (s.tp, s.pp, s.cp, s.ep, s.dp, s.micro_batch_size, s.global_batch_size) == (1, 1, 1, 1, 8, 1, 8)
+    assert s.pipeline_schedule == "1f1b" and s.virtual_pipeline_stages == 1
+    assert s.sequence_parallel is False and s.precision == "bf16"
+
+
+def test_null_strategy_means_defaults():
+    spec = RunSpec.from_dict({"model": GPT_SMALL, "hardware": hw(8, 8), "strategy": None})
+    assert spec.strategy.dp == 8
+
+
+def test_interleaved_schedule_accepted_when_consistent():
+    spec = RunSpec.from_dict(run(GPT_SMALL, hw(8, 8), pp=4, micro_batch_size=1, global_batch_size=8,
+                                 pipeline_schedule="interleaved", virtual_pipeline_stages=3))
+    assert spec.strategy.dp == 2 and spec.num_microbatches == 4
+    assert roundtrip(spec) == spec
+
+
+def test_inline_device_without_devices_per_node_is_one_per_node():
+    spec = RunSpec.from_dict({"model": GPT_SMALL, "hardware": {"device": DEVICE, "num_devices": 6}})
+    assert spec.hardware.devices_per_node == 1
+    assert spec.hardware.num_nodes == 6
+
+
+def test_single_partial_node_allowed():
+    spec = RunSpec.from_dict(run(GPT_SMALL, hw(4, 8)))
+    assert spec.hardware.num_nodes == 1 and spec.hardware.node_size == 4
+
+
+def test_link_values_from_run_and_link_lookup():
+    spec = RunSpec.from_dict(run(GPT_SMALL, hw(16, 8, intra_node_bandwidth_GBps=300.0,
+                                                 inter_node_bandwidth_GBps=25.0)))
+    assert spec.hardware.link("intra_node_bandwidth_GBps") == 300.0
+    assert spec.hardware.link("inter_node_bandwidth_GBps") == 25.0
+    assert roundtrip(spec) == spec
+
+
+def test_link_values_from_inline_device():
+    dev = dict(DEVICE, intra_node_bandwidth_GBps=300.0, inter_node_latency_us=5.0)
+    spec = RunSpec.from_dict(run(GPT_SMALL, hw(16, 8, device=dev)))
+    assert spec.hardware.intra_node_bandwidth_GBps == 300.0
+    assert spec.hardware.inter_node_latency_us == 5.0
+    # the run's own value wins over the device's
+    spec2 = RunSpec.from_dict(run(GPT_SMALL, hw(16, 8, device=dev, intra_node_bandwidth_GBps=150.0)))
+    assert spec2.hardware.intra_node_bandwidth_GBps == 150.0
+
+
+def test_link_missing_raises_spec_error():
+    spec = RunSpec.from_dict(run(GPT_SMALL, hw(16, 8)))
+    expect_spec_error(spec.hardware.link, "inter_node_bandwidth_GBps", field="hardware.inter_node_bandwidth_GBps")
+    expect_spec_error(spec.hardware.link, "intra_node_latency_us", field="hardware.intra_node_latency_us")
+
+
+def test_fp8_accepted_on_device_with_fp8():
+    spec = RunSpec.from_dict(run(GPT_SMALL, hw(8, 8, device=DEVICE_FP8), precision="fp8"))
+    assert spec.hardware.device.peak_flops("fp8") == pytest.approx(1979e12)
+
+
+def test_peak_flops_unsupported_precision():
+    dev = DeviceSpec.parse(DEVICE)
+    assert dev.peak_flops("bf16") == pytest.approx(312e12)
+    expect_spec_error(dev.peak_flops, "fp8", field="strategy.precision")
+
+
+def test_peak_flops_unknown_precision_name_is_spec_error():
+    dev = DeviceSpec.parse(DEVICE)
+    expect_spec_error(dev.peak_flops, "int8")
+
+
+# --------------------------------------------------------------------------- frozen
+
+def test_specs_are_frozen():
+    spec = RunSpec.from_dict(run(GPT_SMALL, hw(8, 8), tp=2))
+    frozen_errors = (ValidationError, TypeError, AttributeError)
+    with pytest.raises(frozen_errors):
+        spec.strategy = Strategy()  # type: ignore[misc]
+    with pytest.raises(frozen_errors):
+        spec.strategy.tp = 4  # type: ignore[misc]
+    with pytest.raises(frozen_errors):
+        spec.model.hidden_size = 1  # type: ignore[misc]
+    with pytest.raises(frozen_errors):
+        spec.hardware.num_devices = 16  # type: ignore[misc]
+    with pytest.raises(frozen_errors):
+        spec.hardware.device.memory_GiB = 1.0  # type: ignore[misc]
+    with pytest.raises(frozen_errors):
+        spec.hardware.device.peak_tflops.bf16 = 1.0  # type: ignore[misc]
+    assert spec.strategy.tp == 2 and spec.model.hidden_size == 2048
+
+
+# --------------------------------------------------------------------------- bad input
+
+BAD_RUNS = [
+    # (id, run, expected field or prefix, exact?)
+    ("product-ne-num-devices", run(GPT_SMALL, hw(16, 8), tp=2, pp=2, dp=2), "strategy.dp", True),
+    ("product-does-not-divide", run(GPT_SMALL, hw(8, 8), tp=4, pp=4), "strategy", False),
+    ("heads-not-div-tp", run(GPT_SMALL, hw(3, 1), tp=3), "strategy.tp", True),
+    ("kv-heads-vs-tp", run({"arch": "llama", "num_layers": 8, "hidden_size": 3072, "num_attention_heads": 24,
+                            "num_kv_heads": 8, "vocab_size": 32000, "seq_length": 2048},
+                           hw(12, 1), tp=12), "strategy.tp", True),
+    ("ffn-not-div-tp", run(dict(GPT_SMALL, num_attention_heads=16, hidden_size=2048, ffn_hidden_size=5000),
+                           hw(16, 8), tp=16), "strategy.tp", True),
+    ("layers-lt-pp", run(dict(GPT_SMALL, num_layers=4), hw(8, 8), pp=8), "strategy.pp", True),
+    ("gbs-not-div", run(GPT_SMALL, hw(8, 8), micro_batch_size=2, global_batch_size=24),
+     "strategy.global_batch_size", True),
+    ("gbs-lt-mbs-dp", run(GPT_SMALL, hw(8, 8), micro_batch_size=2, global_batch_size=8),
+     "strategy.global_batch_size", True),
+    ("unknown-strategy-key", run(GPT_SMALL, hw(), tpp=2), "strategy.tpp", True),
+    ("tp-wrong-type", run(GPT_SMALL, hw(), tp="eight"), "strategy.tp", True),
+    ("tp-list", run(GPT_SMALL, hw(), tp=[8]), "strategy.tp", True),
+    ("tp-fraction", run(GPT_SMALL, hw(), tp=2.5), "strategy.tp", True),
+    ("tp-zero", run(GPT_SMALL, hw(), tp=0), "strategy.tp", True),
+    ("pp-negative", run(GPT_SMALL, hw(), pp=-1), "strategy.pp", True),
+    ("dp-zero", run(GPT_SMALL, hw(), dp=0), "strategy.dp", True),
+    ("cp-negative", run(GPT_SMALL, hw(), cp=-2), "strategy.cp", True),
+    ("ep-zero", run(GPT_SMALL, hw(), ep=0), "strategy.ep", True),
+    ("mbs-zero", run(GPT_SMALL, hw(), micro_batch_size=0), "strategy.micro_batch_size", True),
+    ("gbs-negative", run(GPT_SMALL, hw(), global_batch_size=-8), "strategy.global_batch_size", True),
+    ("vpp-zero", run(GPT_SMALL, hw(), virtual_pipeline_stages=0), "strategy.virtual_pipeline_stages", True),
+    ("bad-schedule", run(GPT_SMALL, hw(), pipeline_schedule="zero-bubble"), "strategy.pipeline_schedule", True),
+    ("bad-precision", run(GPT_SMALL, hw(), precision="int4"), "strategy.precision", True),
+    ("bad-zero-stage", run(GPT_SMALL, hw(), zero_stage=4), "strategy.zero_stage", True),
+    ("bad-recompute", run(GPT_SMALL, hw(), recompute="some"), "strategy.recompute", True),
+    ("strategy-not-object", {"model": GPT_SMALL, "hardware": hw(), "strategy": [1, 2]}, "strategy", True),
+    ("fp8-unsupported", run(GPT_SMALL, hw(), precision="fp8"), "strategy.precision", True),
+    ("interleaved-without-vpp", run(GPT_SMALL, hw(8, 8), pp=2, pipeline_schedule="interleaved"),
+     "strategy", False),
+    ("vpp-without-interleaved", run(GPT_SMALL, hw(8, 8), pp=2, virtual_pipeline_stages=2), "strategy", False),
+    ("vpp-not-dividing-layers", run(dict(GPT_SMALL, num_layers=30), hw(8, 8), pp=2, global_batch_size=8,
+                                    pipeline_schedule="interleaved", virtual_pipeline_stages=4),
+     "strategy.virtual_pipeline_stages", True),
+    ("vpp-times-pp-exceeds-layers", run(dict(GPT_SMALL, num_layers=6), hw(8, 8), pp=4, global_batch_size=8,
+                                        pipeline_schedule="interleaved", virtual_pipeline_stages=2),
+     "strategy.pp", True),
+    ("interleaved-microbatches-not-multiple-of-pp",
+     run(GPT_SMALL, hw(8, 8), pp=4, micro_batch_size=1, global_batch_size=6,
+         pipeline_schedule="interleaved", virtual_pipeline_stages=2),
+     "strategy.global_batch_size", True),
+    ("ep-on-dense", run(GPT_SMALL, hw(8, 8), ep=2), "strategy.ep", True),
+    ("ep-not-dividing-experts", run(MOE, hw(6, 1), ep=3), "strategy.ep", True),
+    ("ep-not-dividing-dp-cp", run(MOE, hw(8, 8), tp=4, ep=4), "strategy.ep", True),
+    ("cp-not-dividing-seq", run(dict(GPT_SMALL, seq_length=2049), hw(2, 8), cp=2), "strategy.cp", True),
+    ("sp-seq-not-div-tp", run(dict(GPT_SMALL, seq_length=2049), hw(2, 8), tp=2, sequence_parallel=True),
+     "strategy", False),
+    # hardware
+    ("unknown-hardware-key", {"model": GPT_SMALL, "hardware": dict(hw(), nodes=2)}, "hardware.nodes", True),
+    ("missing-num-devices", {"model": GPT_SMALL, "hardware": {"device": DEVICE}}, "hardware.num_devices", True),
+    ("num-devices-zero", run(GPT_SMALL, hw(0, 8)), "hardware.num_devices", True),
+    ("num-devices-negative", run(GPT_SMALL, hw(-8, 8)), "hardware.num_devices", True),
+    ("num-devices-string", run(GPT_SMALL, hw("many", 8)), "hardware.num_devices", True),  # type: ignore[arg-type]
+    ("devices-per-node-zero", run(GPT_SMALL, hw(8, 0)), "hardware.devices_per_node", True),
+    ("num-devices-not-multiple-of-node", run(GPT_SMALL, hw(12, 8)), "hardware", False),
+    ("missing-device", {"model": GPT_SMALL, "hardware": {"num_devices": 8}}, "hardware.device", True),
+    ("hardware-not-object", {"model": GPT_SMALL, "hardware": "8xA100"}, "hardware", True),
+    ("device-not-object", run(GPT_SMALL, {"device": 42, "num_devices": 8}), "hardware.device", True),
+    ("device-memory-negative", run(GPT_SMALL, hw(device=dict(DEVICE, memory_GiB=-1))),
+     "hardware.device.memory_GiB", True),
+    ("device-missing-peak", run(GPT_SMALL, hw(device={k: v for k, v in DEVICE.items() if k != "peak_tflops"})),
+     "hardware.device.peak_tflops", True),
+    ("device-unknown-key", run(GPT_SMALL, hw(device=dict(DEVICE, flops=1))), "hardware.device.flops", True),
+    ("device-peak-zero", run(GPT_SMALL, hw(device=dict(DEVICE, peak_tflops={"fp32": 0}))),
+     "hardware.device.peak_tflops.fp32", True),
+    ("link-wrong-type", run(GPT_SMALL, hw(inter_node_bandwidth_GBps="fast")),
+     "hardware.inter_node_bandwidth_GBps", True),
+    ("link-negative", run(GPT_SMALL, hw(intra_node_bandwidth_GBps=-1)), "hardware.intra_node_bandwidth_GBps", True),
+    ("cluster-not-string", {"model": GPT_SMALL, "hardware": dict(hw(), cluster=3)}, "hardware.cluster", True),
+    # model
+    ("missing-model", {"hardware": hw()}, "model", True),
+    ("missing-hardware", {"model": GPT_SMALL}, "hardware", True),
+    ("model-not-object", {"model": [1, 2], "hardware": hw()}, "model", True),
+    ("model-number", {"model": 7, "hardware": hw()}, "model", True),
+    ("hidden-not-div-heads", run(dict(GPT_SMALL, hidden_size=2050)), "model", False),
+    ("kv-not-div-heads", run(dict(LLAMA_GQA, num_kv_heads=5)), "model", False),
+    ("moe-one-expert", run(dict(MOE, num_experts=1)), "model", False),
+    ("moe-top-k-gt-experts", run(dict(MOE, moe_top_k=9)), "model", False),
+    ("dense-with-experts", run(dict(GPT_SMALL, num_experts=8)), "model", False),
+    ("unknown-arch", run(dict(GPT_SMALL, arch="t5")), "model.arch", True),
+    ("missing-arch", run({k: v for k, v in GPT_SMALL.items() if k != "arch"}), "model", False),
+    ("model-unknown-key", run(dict(GPT_SMALL, layers=3)), "model.layers", True),
+    ("model-layers-zero", run(dict(GPT_SMALL, num_layers=0)), "model.num_layers", True),
+    ("model-missing-vocab", run({k: v for k, v in GPT_SMALL.items() if k != "vocab_size"}), "model.vocab_size",
+     True),
+    ("model-seq-negative", run(dict(GPT_SMALL, seq_length=-5)), "model.seq_length", True),
+    ("hf-unknown-key-next-to-it", run({"hf_config": {"model_type": "gpt2"}, "seq_length": 1024, "arch": "gpt"}),
+     "model.arch", True),
+    ("hf-not-object", run({"hf_config": "gpt2"}), "model.hf_config", True),
+    ("hf-unsupported-type", run({"hf_config": {"model_type": "mamba", "hidden_size": 768}}),
+     "model.hf_config.model_type", True),
+    ("hf-missing-key", run({"hf_config": {"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32,
+                                          "vocab_size": 32000, "max_position_embeddings": 4096,
+                                          "intermediate_size": 11008}}),
+     "model.hf_config", False),
+    ("hf-no-seq", run({"hf_config": {"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32,
+                                     "num_hidden_layers": 32, "vocab_size": 32000, "intermediate_size": 11008}}),
+     "model.seq_length", True),
+    # top level
+    ("unknown-top-level-key", dict(run(GPT_SMALL), strat={"tp": 2}), "strat", True),
+    ("meta-not-object", dict(run(GPT_SMALL), meta="x"), "meta", True),
+]
+
+
+@pytest.mark.parametrize("bad,field,exact", [pytest.param(r, f, e, id=i) for i, r, f, e in BAD_RUNS])
+def test_bad_run_raises_one_spec_error(bad, field, exact):
+    if exact:
+        expect_spec_error(RunSpec.from_dict, bad, field=field)
+    else:
+        expect_spec_error(RunSpec.from_dict, bad, field_prefix=field)
+
+
+def test_error_messages_mention_the_numbers():
+    err = expect_spec_error(RunSpec.from_dict, run(GPT_SMALL, hw(16, 8), tp=2, pp=2, dp=2), field="strategy.dp")
+    assert "16" in err.message  # num_devices
+    err = expect_spec_error(RunSpec.from_dict, run(GPT_SMALL, hw(3, 1), tp=3), field="strategy.tp")
+    assert "32" in err.message  # heads
+    err = expect_spec_error(RunSpec.from_dict, run(GPT_SMALL, hw(8, 8), pipeline_schedule="interleaved", pp=2),
+                            field_prefix="strategy")
+    assert "virtual_pipeline_stages" in err.message
+    err = expect_spec_error(RunSpec.from_dict, run(GPT_SMALL, hw(12, 8)), field_prefix="hardware")
+    assert "devices_per_node" in err.message
+    err = expect_spec_error(RunSpec.from_dict, run(dict(GPT_SMALL, hidden_size=2050)), field_prefix="model")
+    assert "num_attention_heads" in err.message
+
+
+def test_sequence_parallel_error_names_sequence_parallel():
+    err = expect_spec_error(RunSpec.from_dict,
+                            run(dict(GPT_SMALL, seq_length=2049), hw(2, 8), tp=2, sequence_parallel=True))
+    assert err.field in ("strategy.sequence_parallel", "strategy.tp")
+    assert "seq_length" in err.message
+
+
+@pytest.mark.parametrize("bad", [[], [run()], "gpt3", 42, None, 1.5, True], ids=repr)
+def test_non_dict_run_is_spec_error(bad):
+    expect_spec_error(RunSpec.from_dict, bad)
+
+
+@pytest.mark.parametrize("text", ["{", "", "{'model': 1}", "[1, 2", "nope"])
+def test_from_json_invalid_json(text):
+    err = expect_spec_error(RunSpec.from_json, text)
+    assert "invalid JSON" in str(err)
+
+
+def test_from_json_valid_json_but_not_object():
+    expect_spec_error(RunSpec.from_json, "[1, 2, 3]")
+    expect_spec_error(RunSpec.from_json, '"a string"')
+
+
+def test_spec_error_is_a_value_error_and_str_format():
+    err = SpecError("strategy.tp", "bad")
+    assert isinstance(err, ValueError)
+    assert str(err) == "strategy.tp: bad"
+    assert err.field == "strategy.tp" and err.message == "bad"
+
+
+def test_multiple_problems_give_one_error_naming_the_first():
+    err = expect_spec_error(RunSpec.from_dict, run(GPT_SMALL, hw(), tp=0, pp=0, precision="int1"))
+    assert err.field in ("strategy.tp", "strategy.pp", "strategy.precision")
+    assert "more problem" in err.message
+
+
+# --------------------------------------------------------------------------- suspected bugs
+
+def test_interleaved_needs_pp_at_least_two():
+    expect_spec_error(RunSpec.from_dict, run(GPT_SMALL, hw(8, 8), pp=1, pipeline_schedule="interleaved",
+                                             virtual_pipeline_stages=2), field_prefix="strategy")
+
+
+@pytest.mark.parametrize("arch", [["gpt"], {"name": "gpt"}])
+def test_unhashable_arch_is_spec_error(arch):
+    expect_spec_error(RunSpec.from_dict, run(dict(GPT_SMALL, arch=arch)), field_prefix="model")
+
+
+def test_roberta_null_pad_token_id():
+    cfg = {"model_type": "roberta", "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+           "vocab_size": 50265, "max_position_embeddings": 514, "pad_token_id": None}
+    try:
+        spec = RunSpec.from_dict(run({"hf_config": cfg}))
+    except SpecError as exc:
+        assert_one_line_error(exc)
+    else:
+        assert spec.model.seq_length == 512
+
+
+def test_hf_architectures_not_a_list():
+    cfg = {"architectures": 5, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+           "vocab_size": 50257, "max_position_embeddings": 1024}
+    try:
+        RunSpec.from_dict(run({"hf_config": cfg}))
+    except SpecError as exc:
+        assert_one_line_error(exc)
+
+
+@pytest.mark.parametrize("where", ["top", "strategy", "hardware"])
+def test_unknown_key_with_newline_gives_one_line(where):
+    d = run(GPT_SMALL, hw())
+    key = "bad\nkey"
+    if where == "top":
+        d[key] = 1
+    elif where == "strategy":
+        d["strategy"][key] = 1
+    else:
+        d["hardware"][key] = 1
+    expect_spec_error(RunSpec.from_dict, d)
+
+
+# --------------------------------------------------------------------------- model defaults and sizes
+
+def test_llama_defaults():
+    m = ModelSpec.parse({"arch": "llama", "num_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+                         "vocab_size": 32000, "seq_length": 4096})
+    assert m.activation == "swiglu" and m.norm == "rmsnorm"
+    assert m.position_embedding == "rope" and m.tie_embeddings is False and m.causal is True
+    assert m.ffn_hidden_size == 11008
+    assert m.num_kv_heads == 32
+    assert m.mlp_matrices == 3
+
+
+@pytest.mark.parametrize("h", [512, 1024, 2048, 4096, 5120, 8192])
+def test_llama_ffn_rule(h):
+    m = ModelSpec.parse({"arch": "llama", "num_layers": 2, "hidden_size": h, "num_attention_heads": 8,
+                         "vocab_size": 1000, "seq_length": 128})
+    f = m.ffn_hidden_size
+    assert f % 256 == 0
+    assert 8 * h / 3 <= f < 8 * h / 3 + 256
+
+
+def test_gpt_defaults():
+    m = ModelSpec.parse(GPT_SMALL)
+    assert m.ffn_hidden_size == 4 * 2048
+    assert m.activation == "gelu" and m.norm == "layernorm"
+    assert m.position_embedding == "learned" and m.tie_embeddings is True and m.causal is True
+    assert m.num_kv_heads == m.num_attention_heads
+    assert m.num_experts == 1 and not m.is_moe
+
+
+def test_bert_is_not_causal():
+    m = ModelSpec.parse(dict(GPT_SMALL, arch="bert"))
+    assert m.causal is False
+
+
+def test_moe_defaults_and_active_params():
+    m = ModelSpec.parse({k: v for k, v in MOE.items() if k != "moe_top_k"})
+    assert m.moe_top_k == 2 and m.is_moe and m.num_moe_layers == 32
+    assert m.num_active_params() < m.num_params()
+
+
+def test_explicit_values_override_arch_defaults():
+    m = ModelSpec.parse(dict(GPT_SMALL, activation="relu", tie_embeddings=False, ffn_hidden_size=1000))
+    assert m.activation == "relu" and m.tie_embeddings is False and m.ffn_hidden_size == 1000
+
+
+def test_gpt3_175b_num_params():
+    m = ModelSpec.parse(GPT3_175B)
+    assert m.num_params() == pytest.approx(175e9, rel=0.01)
+    l, h, v, s = 96, 12288, 50257, 2048
+    closed_form = 12 * l * h * h * (1 + 13 / (12 * h)) + v * h + s * h
+    assert m.num_params() == pytest.approx(closed_form, rel=1e-4)
+
+
+def test_llama2_7b_num_params():
+    m = ModelSpec.parse(LLAMA2_7B)
+    assert m.num_params() == pytest.approx(6.74e9, rel=0.01)
+
+
+def test_hf_llama_config_matches_inline():
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+           "intermediate_size": 11008, "num_attention_heads": 32, "num_hidden_layers": 32,
+           "num_key_value_heads": 32, "vocab_size": 32000, "max_position_embeddings": 4096,
+           "hidden_act": "silu", "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
+    spec = RunSpec.from_dict(run({"hf_config": cfg, "name": "l7"}, hw(8, 8), tp=8))
+    inline = ModelSpec.parse(LLAMA2_7B)
+    assert spec.model.name == "l7"
+    assert spec.model.num_params() == inline.num_params()
+    assert spec.model.model_dump(exclude={"name"}) == inline.model_dump(exclude={"name"})
+    assert roundtrip(spec) == spec
+
+
+def test_hf_gpt2_config():
+    cfg = {"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257,
+           "n_positions": 1024, "n_inner": None, "activation_function": "gelu_new"}
+    m = RunSpec.from_dict(run({"hf_config": cfg, "seq_length": 512}, hw(1, 1))).model
+    assert (m.arch, m.hidden_size, m.ffn_hidden_size, m.seq_length) == ("gpt", 768, 3072, 512)
+    assert m.num_params() == pytest.approx(124e6, rel=0.02)
+
+
+# --------------------------------------------------------------------------- catalog (skipped without it)
+
+@needs_catalog("clusters", "models")
+def test_catalog_run_roundtrip():
+    d = {"model": "gpt3-175b",
+         "hardware": {"cluster": "dgx-a100", "num_devices": 1024},
+         "strategy": {"tp": 8, "pp": 8, "micro_batch_size": 1, "global_batch_size": 1536}}
+    spec = RunSpec.from_dict(d)
+    assert spec.strategy.dp == 16
+    assert spec.num_microbatches == 1536 // 16 == 96
+    assert spec.hardware.devices_per_node == 8
+    assert spec.model.num_params() == pytest.approx(175e9, rel=0.02)
+    assert roundtrip(spec) == spec
+
+
+@needs_catalog("models")
+def test_catalog_device_and_model_names():
+    d = {"model": "llama2-7b", "hardware": {"device": "A100-SXM4-80GB", "num_devices": 8, "devices_per_node": 8},
+         "strategy": {"tp": 2}}
+    spec = RunSpec.from_dict(d)
+    assert spec.strategy.dp == 4
+    assert spec.hardware.device.memory_GiB == pytest.approx(80, rel=0.05)
+    assert spec.model.num_params() == pytest.approx(6.74e9, rel=0.01)
+    assert roundtrip(spec) == spec
+    # A100 has no fp8 tensor cores
+    expect_spec_error(RunSpec.from_dict, dict(d, strategy={"precision": "fp8"}), field="strategy.precision")
+
+
+@needs_catalog()
+def test_unknown_device_name_suggests_close_names():
+    d = run(GPT_SMALL, {"device": "A100-SXM4-80G", "num_devices": 8})
+    err = expect_spec_error(RunSpec.from_dict, d, field="hardware.device")
+    assert isinstance(err, CatalogError)
+    assert "A100-SXM4-80GB" in err.message
+    err = expect_spec_error(RunSpec.from_dict, run(GPT_SMALL, {"device": "zzqqxx-9000", "num_devices": 8}),
+                            field="hardware.device")
+    assert "zzqqxx-9000" in err.message
+
+
+# --------------------------------------------------------------------------- property test
+
+HYP_HARDWARE = hw(64, 8)
+INT_KEYS = ("tp", "pp", "dp", "cp", "ep", "micro_batch_size", "global_batch_size", "virtual_pipeline_stages")
+
+_small_int = st.one_of(st.sampled_from([1, 2, 4, 8]), st.integers(min_value=-2, max_value=64))
+_junk = st.one_of(st.none(), st.booleans(), st.floats(allow_nan=True), st.text(max_size=5),
+                  st.lists(st.integers(), max_size=2))
+_int_value = st.one_of(_small_int, _small_int, _small_int, _junk)  # mostly integers
+_word = st.one_of(st.sampled_from(["gpipe", "1f1b", "interleaved", "fp32", "tf32", "bf16", "fp16", "fp8"]),
+                  st.text(max_size=8))
+# keys without control characters (see test_unknown_key_with_newline_gives_one_line)
+_extra_key = st.text(alphabet=st.characters(blacklist_categories=("Cc", "Cs")), min_size=1, max_size=8)
+
+strategy_dicts = st.fixed_dictionaries(
+    {},
+    optional={
+        **{k: _int_value for k in INT_KEYS},
+        "pipeline_schedule": _word,
+        "precision": _word,
+        "sequence_parallel": st.booleans(),
+        "zero_stage": st.integers(min_value=-1, max_value=4),
+    },
+)
+extra_keys = st.dictionaries(_extra_key, st.integers(), max_size=2)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(strategy=strategy_dicts, extra=st.one_of(st.just({}), st.just({}), extra_keys),
+       model=st.sampled_from([LLAMA_GQA, MOE, GPT_SMALL]))
+def test_random_strategies_parse_or_raise_spec_error(strategy, extra, model):
+    raw = dict(strategy)
+    raw.update(extra)
+    d = {"model": model, "hardware": HYP_HARDWARE, "strategy": raw}
+    try:
+        spec = RunSpec.from_dict(copy.deepcopy(d))
+    except SpecError as err:
+        assert_one_line_error(err)
+        assert err.field == "" or err.field.split(".")[0] in {"strategy", "model", "hardware"}
+        return
+    except BaseException as exc:  # noqa: BLE001
+        pytest.fail(f"non-SpecError {type(exc).__name__}: {exc} for {d!r}")
+    s = spec.strategy
+    n = spec.hardware.num_devices
+    assert s.tp * s.pp * s.dp * s.cp == n
+    assert s.global_batch_size % (s.micro_batch_size * s.dp) == 0
+    assert spec.num_microbatches * s.micro_batch_size * s.dp == s.global_batch_size
+    assert spec.model.num_attention_heads % s.tp == 0
+    assert spec.model.num_layers >= s.pp * s.virtual_pipeline_stages
+    assert s.ep == 1 or spec.model.num_experts % s.ep == 0
+    assert spec.hardware.device.peak_tflops.get(s.precision) is not None
+    assert roundtrip(spec) == spec
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tp=st.sampled_from([1, 2, 4, 8]), pp=st.sampled_from([1, 2, 4]), cp=st.sampled_from([1, 2]),
+       mbs=st.integers(min_value=1, max_value=4), k=st.integers(min_value=1, max_value=8),
+       give_dp=st.booleans(), give_gbs=st.booleans())
+def test_consistent_strategies_always_parse(tp, pp, cp, mbs, k, give_dp, give_gbs):
+    n = 64
+    dp = n // (tp * pp * cp)
+    strategy = {"tp": tp, "pp": pp, "cp": cp, "micro_batch_size": mbs}
+    if give_dp:
+        strategy["dp"] = dp
+    if give_gbs:
+        strategy["global_batch_size"] = mbs * dp * k
+    spec = RunSpec.from_dict({"model": LLAMA_GQA, "hardware": HYP_HARDWARE, "strategy": strategy})
+    assert spec.strategy.dp == dp
+    assert spec.strategy.global_batch_size == mbs * dp * (k if give_gbs else 1)
+    assert spec.num_microbatches == (k if give_gbs else 1)
+    assert roundtrip(spec) == spec
