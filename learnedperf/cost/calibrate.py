@@ -114,11 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     """Fit every operator-level constant and store them in ``cost/data/params.json``."""
     import pandas as pd
 
-    from ..measure.public import default_shared_data
     from .params import write_params
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", type=Path, default=default_shared_data())
+    # shared/data sits next to the repository checkout
+    ap.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[3] / "shared" / "data")
     ap.add_argument("--dry-run", action="store_true", help="print the fits without storing them")
     args = ap.parse_args(argv)
     ops = pd.read_parquet(args.data / "neusight_ops.parquet")

@@ -186,6 +186,7 @@ def compile_run(run: RunSpec, num_microbatches: int | None = None) -> ExecutionG
     expert_layer_params = (model.num_experts // s.ep) * model.mlp_matrices * h * model.ffn_hidden_size / tp
 
     stages: list[Stage] = []
+    bwd_memo: dict[int, list[Op]] = {}
     for st in range(pp):
         chunks: list[Chunk] = []
         for c in range(v):
@@ -208,10 +209,15 @@ def compile_run(run: RunSpec, num_microbatches: int | None = None) -> ExecutionG
                 fwd.append((head_forward(model, sh), 1))
                 if not model.tie_embeddings or n_v > 1:
                     dense_p += V * h / tp  # untied head, or the last stage's own copy of a tied embedding
-                dense_p += h
+                dense_p += (2 if model.norm == "layernorm" else 1) * h  # final norm (weight, bias)
             bwd: list[Block] = []
             for ops, rep in reversed(fwd):
-                bwd.append((_recompute_ops(ops, s.recompute) + backward_of(ops), rep))
+                key = id(ops)
+                if key not in bwd_memo:  # identical layers share one backward list (and its cost cache)
+                    # Megatron recomputes transformer layers only, never the embedding or the LM head
+                    layer = ops is dense_layer_fwd or ops is moe_layer_fwd
+                    bwd_memo[key] = (_recompute_ops(ops, s.recompute) if layer else []) + backward_of(ops)
+                bwd.append((bwd_memo[key], rep))
             chunks.append(Chunk(vs, n_layers, fwd, bwd, dense_p + expert_p, dense_p, expert_p,
                                 dense_layer_params))
         if pp == 1:

@@ -1,0 +1,441 @@
+"""The ``learnedperf`` command line.
+
+Commands:
+
+* ``learnedperf simulate`` — run the discrete-event simulator on one run or a batch;
+* ``learnedperf predict`` — the same arguments, answered by the best model available
+  (the simulator until a learned checkpoint is shipped; ``source`` says which);
+* ``learnedperf catalog [devices|clusters|models]`` — list the catalog names.
+
+One run comes from ``--run FILE.json`` or from flags (``--model``, ``--cluster``,
+``--num-devices``, ``--tp`` ...; flags override the fields of ``--run``). A batch
+comes from ``--input FILE`` (JSON Lines, ``-`` for stdin): every input line gives
+exactly one output line, in order, and a bad line gives ``{"error": "line N: ...",
+"line": N}`` without stopping the batch.
+
+Exit status: 0 when every run was predicted, 1 when any failed, 2 on a usage
+error (bad flags, unreadable input file). Bad input never prints a traceback.
+
+Importing this module loads nothing heavy: specs, the simulator and the models
+are imported by the commands that use them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Callable, Optional, TextIO
+
+from . import __version__
+from .errors import InputError, LearnedPerfError
+from .io import dumps_line, open_input, open_output, read_records
+
+SIMULATOR_SOURCE = "simulator"
+"""``source`` of ``learnedperf simulate`` answers."""
+
+PREDICT_SOURCE = "simulator (no learned checkpoint yet)"
+"""``source`` of ``learnedperf predict`` answers while no learned checkpoint is shipped."""
+
+_PROGRESS_EVERY = 1000
+
+# flag dest -> key of the run format's "strategy" object
+_STRATEGY_FLAGS = {
+    "tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "ep": "ep",
+    "micro_batch_size": "micro_batch_size", "global_batch_size": "global_batch_size",
+    "schedule": "pipeline_schedule", "virtual_stages": "virtual_pipeline_stages",
+    "zero": "zero_stage", "fsdp": "fsdp", "recompute": "recompute",
+    "sequence_parallel": "sequence_parallel", "precision": "precision",
+    "flash_attention": "flash_attention",
+}
+# flag dest -> key of the run format's "hardware" object
+_HARDWARE_FLAGS = {"device": "device", "cluster": "cluster", "num_devices": "num_devices",
+                   "devices_per_node": "devices_per_node"}
+_MODEL_FLAGS = ("model", "seq_length")
+_RUN_FLAGS = (*_MODEL_FLAGS, *_HARDWARE_FLAGS, *_STRATEGY_FLAGS)
+
+
+class UsageError(Exception):
+    """Wrong use of the command line: printed as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line (no usage dump) and never exit the process."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        """Raise :class:`UsageError` instead of printing the usage and exiting."""
+        raise UsageError(f"{self.prog}: error: {message} (see '{self.prog} --help')")
+
+
+# ---------------------------------------------------------------- parser
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
+    return value
+
+
+def _add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """Arguments shared by ``simulate`` and ``predict``."""
+    files = p.add_argument_group("input and output")
+    files.add_argument("--input", "-i", metavar="FILE",
+                    help="batch of runs: JSON Lines, one run per line ('-' = stdin); "
+                         "a file holding one (pretty-printed) JSON object is one run")
+    files.add_argument("--output", "-o", metavar="FILE", default="-",
+                    help="where predictions go (default '-' = stdout)")
+    files.add_argument("--run", metavar="FILE.json", help="one run from a JSON file (flags override its fields)")
+    files.add_argument("--format", choices=("json", "table"),
+                    help="'table' (default for one run written to stdout) or 'json' "
+                         "(default for --input and --output FILE)")
+    files.add_argument("--trace", metavar="FILE",
+                    help="write the Chrome/Perfetto trace (JSON) of the run's iteration (one run only)")
+
+    m = p.add_argument_group("one run from flags")
+    m.add_argument("--model", metavar="NAME", help="catalog model (see 'learnedperf catalog models')")
+    m.add_argument("--seq-length", type=_positive_int, metavar="N",
+                   help="override the model's sequence length")
+    m.add_argument("--device", metavar="NAME", help="catalog device (default: the cluster's)")
+    m.add_argument("--cluster", metavar="NAME", help="catalog cluster, e.g. dgx-a100")
+    m.add_argument("--num-devices", type=_positive_int, metavar="N")
+    m.add_argument("--devices-per-node", type=_positive_int, metavar="N")
+    for flag, what in (("tp", "tensor"), ("pp", "pipeline"), ("dp", "data (default: derived)"),
+                       ("cp", "context"), ("ep", "expert")):
+        m.add_argument(f"--{flag}", type=_positive_int, metavar="N", help=f"{what}-parallel size")
+    m.add_argument("--micro-batch-size", type=_positive_int, metavar="N")
+    m.add_argument("--global-batch-size", type=_positive_int, metavar="N")
+    m.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved"), help="pipeline schedule")
+    m.add_argument("--virtual-stages", type=_positive_int, metavar="N",
+                   help="model chunks per pipeline rank (interleaved schedule)")
+    m.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage")
+    m.add_argument("--fsdp", action="store_const", const=True, help="PyTorch FSDP full sharding")
+    m.add_argument("--recompute", choices=("none", "selective", "full"), help="activation recomputation")
+    m.add_argument("--sequence-parallel", action="store_const", const=True)
+    m.add_argument("--precision", choices=("fp32", "tf32", "bf16", "fp16", "fp8"))
+    m.add_argument("--no-flash-attention", dest="flash_attention", action="store_const", const=False,
+                   help="unfused attention (the s x s scores are materialised)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``learnedperf`` (errors raise :class:`UsageError`)."""
+    parser = _Parser(prog="learnedperf",
+                     description="Predict iteration time, throughput and memory of distributed "
+                                 "deep-learning training before it runs.")
+    parser.add_argument("--version", action="version", version=f"learnedperf {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    for name, handler, text in (
+        ("simulate", _cmd_simulate, "simulate runs with the discrete-event simulator"),
+        ("predict", _cmd_predict, "predict runs with the best available model"),
+    ):
+        p = sub.add_parser(name, help=text, description=text + ". Give --input, --run or flags for one run.")
+        _add_run_arguments(p)
+        p.set_defaults(handler=handler)
+
+    p = sub.add_parser("catalog", help="list catalog names", description="List the names in the catalog.")
+    p.add_argument("kind", nargs="?", choices=("devices", "clusters", "models"),
+                   help="one kind (default: all three)")
+    p.set_defaults(handler=_cmd_catalog)
+    return parser
+
+
+# ---------------------------------------------------------------- building one run
+def _given(args: argparse.Namespace, names) -> dict[str, Any]:
+    return {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+
+
+def _flag(dest: str) -> str:
+    """The command-line spelling of a run flag's ``dest``."""
+    return "--no-flash-attention" if dest == "flash_attention" else "--" + dest.replace("_", "-")
+
+
+def _load_run_file(path: str) -> Any:
+    """The JSON value of a ``--run`` file: UsageError if unreadable, InputError if not JSON."""
+    try:
+        stream = open_input(path)
+    except InputError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        with stream:
+            text = stream.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path}: cannot read: {exc}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}: invalid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
+
+
+def _run_from_args(args: argparse.Namespace, prog: str) -> dict:
+    """The run-format dict described by ``--run`` and/or the run flags."""
+    run: Any = _load_run_file(args.run) if args.run else {}
+    if not isinstance(run, dict):
+        raise InputError(f"{args.run}: a run must be a JSON object")
+    run = dict(run)
+    if not args.run:
+        missing = [flag for flag, ok in (("--model", args.model),
+                                         ("--cluster or --device", args.cluster or args.device),
+                                         ("--num-devices", args.num_devices)) if not ok]
+        if missing:
+            raise UsageError(f"{prog}: error: give --input FILE, --run FILE.json, or one run with "
+                             f"--model, --cluster/--device and --num-devices (missing: {', '.join(missing)})")
+
+    if args.model is not None:
+        run["model"] = args.model
+    if args.seq_length is not None:
+        model = run.get("model")
+        if isinstance(model, str):
+            from .catalog import get_model
+
+            model = get_model(model)
+        if isinstance(model, dict):  # anything else is reported by RunSpec
+            run["model"] = {**model, "seq_length": args.seq_length}
+
+    for key, flags, mapping in (("hardware", _HARDWARE_FLAGS, _HARDWARE_FLAGS),
+                                ("strategy", _STRATEGY_FLAGS, _STRATEGY_FLAGS)):
+        given = _given(args, flags)
+        if given:
+            section = run.get(key)
+            section = dict(section) if isinstance(section, dict) else {}
+            section.update({mapping[k]: v for k, v in given.items()})
+            run[key] = section
+    return run
+
+
+# ---------------------------------------------------------------- answering
+Answer = Callable[[Any, bool], tuple[dict, Any]]
+
+
+def _answerer(command: str) -> tuple[Answer, str]:
+    """The function that answers one run for ``command``, and the ``source`` it reports.
+
+    ``predict`` answers with the simulator until a learned checkpoint is shipped;
+    the function returns ``(prediction, SimResult)``.
+    """
+    from .simulate import simulate
+    from .specs import RunSpec
+
+    source = PREDICT_SOURCE if command == "predict" else SIMULATOR_SOURCE
+
+    def answer(run: Any, trace: bool = False) -> tuple[dict, Any]:
+        result = simulate(RunSpec.from_dict(run), trace=trace)
+        return result.to_prediction(source=source), result
+
+    return answer, source
+
+
+def _error_text(exc: BaseException) -> str:
+    """One line describing why a run failed."""
+    if isinstance(exc, (LearnedPerfError, ValueError)):
+        text = " ".join(str(exc).split())
+        return text or type(exc).__name__
+    if isinstance(exc, (KeyError, TypeError)):
+        return f"{type(exc).__name__}: {exc}"
+    return f"internal error: {type(exc).__name__}: {exc}"
+
+
+def _answer_line(answer: Answer, line_no: int, item: Any) -> tuple[dict, bool]:
+    """Predict one batch line; return ``(output object, ok)``. Never raises for bad input."""
+    if isinstance(item, InputError):
+        return {"error": str(item), "line": line_no}, False
+    try:
+        return answer(item, False)[0], True
+    except Exception as exc:  # noqa: BLE001 - every failure of one line is that line's error
+        out: dict[str, Any] = {"error": f"line {line_no}: {_error_text(exc)}", "line": line_no}
+        run_id = item.get("id", item.get("run_id")) if isinstance(item, dict) else None
+        if run_id is not None:
+            out["id"] = str(run_id)
+        return out, False
+
+
+# ---------------------------------------------------------------- table
+def _ms(value: float) -> str:
+    return f"{value:,.1f} ms" if abs(value) >= 10 else f"{value:.3f} ms"
+
+
+def _table(pred: dict, result: Any) -> str:
+    """A readable rendering of one prediction (plain ASCII)."""
+    run = result.run
+    s, hw = run.strategy, run.hardware
+    where = f" ({hw.cluster})" if hw.cluster else ""
+    knobs = [f"tp {s.tp}", f"pp {s.pp}", f"dp {s.dp}"]
+    knobs += [f"{k} {v}" for k, v in (("cp", s.cp), ("ep", s.ep)) if v > 1]
+    knobs += [f"micro-batch {s.micro_batch_size}", f"global batch {s.global_batch_size}"]
+    if s.pp > 1:
+        knobs.append(s.pipeline_schedule + (f" x{s.virtual_pipeline_stages}" if s.virtual_pipeline_stages > 1 else ""))
+    if s.effective_zero_stage:
+        knobs.append("FSDP" if s.fsdp else f"ZeRO-{s.zero_stage}")
+    if s.recompute != "none":
+        knobs.append(f"recompute {s.recompute}")
+    if s.sequence_parallel:
+        knobs.append("sequence parallel")
+    if not s.flash_attention:
+        knobs.append("no flash attention")
+    knobs.append(s.precision)
+
+    mem = pred["peak_memory_GiB"]
+    fits = "fits" if pred["fits_in_memory"] else "does NOT fit"
+    rows: list[tuple[str, str]] = []
+    if "id" in pred:
+        rows.append(("id", str(pred["id"])))
+    rows += [
+        ("run", f"{run.model.name} (seq {run.model.seq_length}) on {hw.num_devices} x {hw.device.name}{where}"),
+        ("strategy", ", ".join(knobs)),
+        ("iteration time", _ms(pred["iteration_time_ms"])),
+        ("90 % interval", " - ".join(_ms(v) for v in pred["interval_ms"])),
+        ("throughput", f"{pred['tokens_per_second']:,.0f} tokens/s, {pred['samples_per_second']:,.2f} samples/s"),
+        ("TFLOP/s per device", f"{pred['tflops_per_device']:,.1f} (MFU {100 * pred['mfu']:.1f} %)"),
+        ("peak memory", f"{mem:,.2f} GiB of {hw.device.memory_GiB:,.2f} GiB per device: {fits}"),
+    ]
+    rows += [(f"  {k.replace('_', ' ')}", f"{v:,.2f} GiB") for k, v in pred.get("memory_GiB", {}).items()]
+    rows.append(("breakdown", ""))
+    order = ("compute", "forward", "backward", "recompute", "exposed_communication", "pipeline_bubble", "optimizer")
+    bd = pred.get("breakdown_ms", {})
+    for k in sorted(bd, key=lambda k: (order.index(k) if k in order else len(order), k)):
+        rows.append((f"  {k.replace('_', ' ')}", _ms(bd[k])))
+    rows.append(("source", str(pred["source"])))
+    rows += [("note", str(n)) for n in pred.get("notes", [])]
+    width = max(len(label) for label, _ in rows) + 2
+    return "".join(f"{label:<{width}}{value}".rstrip() + "\n" for label, value in rows)
+
+
+# ---------------------------------------------------------------- commands
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    """``learnedperf simulate``."""
+    return _run_command(args, "simulate")
+
+
+def _cmd_predict(args: argparse.Namespace) -> int:
+    """``learnedperf predict``."""
+    return _run_command(args, "predict")
+
+
+def _run_command(args: argparse.Namespace, command: str) -> int:
+    prog = f"learnedperf {command}"
+    if args.input is not None:
+        clash = ["--run"] * bool(args.run) + [_flag(n) for n in _given(args, _RUN_FLAGS)]
+        if clash:
+            raise UsageError(f"{prog}: error: --input cannot be combined with {', '.join(clash)} "
+                             "(put the fields in the input lines)")
+        if args.trace:
+            raise UsageError(f"{prog}: error: --trace needs one run (--run FILE.json or flags), not --input")
+        return _batch(args, command, prog)
+    return _single(args, command, prog)
+
+
+def _open_output(path: str) -> TextIO:
+    try:
+        return open_output(path)
+    except InputError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _single(args: argparse.Namespace, command: str, prog: str) -> int:
+    """One run from --run / flags."""
+    try:
+        run = _run_from_args(args, prog)
+        answer, _ = _answerer(command)
+        pred, result = answer(run, bool(args.trace))
+    except UsageError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - one clear line, never a traceback
+        print(f"{prog}: error: {_error_text(exc)}", file=sys.stderr)
+        return 1
+    if args.trace:
+        trace_out = _open_output(args.trace)
+        with trace_out:
+            json.dump(result.trace, trace_out)
+    fmt = args.format or ("table" if args.output == "-" else "json")
+    out = _open_output(args.output)
+    try:
+        out.write(_table(pred, result) if fmt == "table" else dumps_line(pred))
+        out.flush()
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    return 0
+
+
+def _batch(args: argparse.Namespace, command: str, prog: str) -> int:
+    """Every line of --input gives one line of --output, in order."""
+    if args.format == "table":
+        raise UsageError(f"{prog}: error: --format table is for one run; a batch writes JSON Lines")
+    if args.input != "-" and args.output != "-" and os.path.exists(args.output) \
+            and os.path.samefile(args.input, args.output):
+        raise UsageError(f"{prog}: error: --output would overwrite --input {args.input}")
+    try:
+        stream = open_input(args.input)
+    except InputError as exc:
+        raise UsageError(f"{prog}: error: {exc}") from None
+    answer, _ = _answerer(command)
+    progress = sys.stderr.isatty()
+    total = failed = 0
+    out = _open_output(args.output)
+    try:
+        for line_no, item in read_records(stream):
+            record, ok = _answer_line(answer, line_no, item)
+            out.write(dumps_line(record))
+            total += 1
+            failed += not ok
+            if progress and total % _PROGRESS_EVERY == 0:
+                print(f"\r{prog}: {total:,} runs ({failed:,} failed)", end="", file=sys.stderr, flush=True)
+        out.flush()
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{prog}: error: {args.input}: not UTF-8 text ({exc.reason})") from None
+    except OSError as exc:
+        if isinstance(exc, BrokenPipeError):
+            raise
+        raise UsageError(f"{prog}: error: {exc}") from None
+    finally:
+        if stream is not sys.stdin:
+            stream.close()
+        if out is not sys.stdout:
+            out.close()
+    if progress and total >= _PROGRESS_EVERY:
+        print(file=sys.stderr)
+    if failed:
+        print(f"{prog}: {failed} of {total} runs failed (see the \"error\" lines)", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _cmd_catalog(args: argparse.Namespace) -> int:
+    """``learnedperf catalog [KIND]``: names one per line (indented under a heading for all kinds)."""
+    from .catalog import names
+
+    if args.kind:
+        print("\n".join(names(args.kind)))
+        return 0
+    for kind in ("devices", "clusters", "models"):
+        print(f"{kind}:")
+        print("\n".join(f"  {n}" for n in names(kind)))
+    return 0
+
+
+# ---------------------------------------------------------------- entry point
+def main(argv: Optional[list[str]] = None) -> int:
+    """Run the command line with ``argv`` (default ``sys.argv[1:]``); return the exit status."""
+    try:
+        args = build_parser().parse_args(argv)
+        return args.handler(args)
+    except UsageError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    except SystemExit as exc:  # --help / --version
+        return exc.code if isinstance(exc.code, int) else 0
+    except KeyboardInterrupt:
+        print("learnedperf: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # stdout closed early (e.g. piped into head): not an error of ours
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Operator graphs of models and execution graphs of runs (see :mod:`.ops`, :mod:`.execution`)."""

@@ -1,0 +1,90 @@
+"""Shared fixtures of the graph, collective, simulator and memory tests.
+
+Everything is inline: an A100-like device descriptor (data-sheet numbers, no catalog lookup), small
+model dicts, and explicit :class:`~learnedperf.cost.CostParams` so that no test depends on the fitted
+constants in ``cost/data/params.json``.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from learnedperf.cost import CostParams, RooflineCost
+from learnedperf.specs import RunSpec
+
+# A100-SXM4-80GB data-sheet figures (dense peaks), links per device and per direction.
+A100_LIKE = {
+    "name": "a100-like",
+    "vendor": "test",
+    "peak_tflops": {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
+    "memory_bandwidth_GBps": 2039.0,
+    "memory_GiB": 80.0,
+    "num_sms": 108,
+    "l2_cache_MiB": 40.0,
+    "clock_MHz": 1410.0,
+    "intra_node_bandwidth_GBps": 300.0,
+    "inter_node_bandwidth_GBps": 25.0,
+    "devices_per_node": 8,
+}
+
+#: Known, hand-picked constants (not the fitted ones).
+KNOWN_PARAMS = CostParams(gemm_efficiency_tensor=0.7, gemm_efficiency_fp32=0.8, gemm_k_half=64.0, tile_m=128,
+                          tile_n=128, attention_efficiency=0.5, memory_efficiency=0.8, kernel_launch_us=4.0,
+                          link_efficiency_intra=0.8, link_efficiency_inter=0.8, alpha_intra_us=5.0,
+                          alpha_inter_us=10.0)
+
+#: Ideal machine: no launch overhead, (practically) free communication.
+FREE_COMM_PARAMS = CostParams(gemm_efficiency_tensor=0.7, gemm_efficiency_fp32=0.8, gemm_k_half=64.0, tile_m=128,
+                              tile_n=128, attention_efficiency=0.5, memory_efficiency=0.8, kernel_launch_us=0.0,
+                              link_efficiency_intra=1e9, link_efficiency_inter=1e9, alpha_intra_us=0.0,
+                              alpha_inter_us=0.0)
+
+GPT_SMALL = {"name": "gpt-small", "arch": "gpt", "num_layers": 8, "hidden_size": 1024,
+             "num_attention_heads": 16, "vocab_size": 50304, "seq_length": 1024}
+
+LLAMA_GQA = {"name": "llama-gqa", "arch": "llama", "num_layers": 4, "hidden_size": 4096,
+             "num_attention_heads": 32, "num_kv_heads": 8, "ffn_hidden_size": 14336,
+             "vocab_size": 32000, "seq_length": 4096}
+
+MOE = {"name": "moe-8x", "arch": "moe", "num_layers": 4, "hidden_size": 2048, "num_attention_heads": 16,
+       "num_kv_heads": 4, "ffn_hidden_size": 5632, "vocab_size": 32000, "seq_length": 2048,
+       "num_experts": 8, "moe_top_k": 2}
+
+
+def hardware(num_devices: int = 8, devices_per_node: int = 8, device: dict | None = None, **links) -> dict:
+    """Run-format ``hardware`` object on the inline A100-like device."""
+    return {"device": copy.deepcopy(device or A100_LIKE), "num_devices": num_devices,
+            "devices_per_node": devices_per_node, **links}
+
+
+def make_run(model: dict, num_devices: int = 1, devices_per_node: int = 8, device: dict | None = None,
+             hw_extra: dict | None = None, **strategy) -> RunSpec:
+    """A validated :class:`RunSpec` from an inline model dict, hardware size and strategy keys."""
+    return RunSpec.from_dict({"model": copy.deepcopy(model),
+                              "hardware": hardware(num_devices, devices_per_node, device, **(hw_extra or {})),
+                              "strategy": dict(strategy)})
+
+
+def roofline(run: RunSpec, params: CostParams = KNOWN_PARAMS) -> RooflineCost:
+    """The roofline cost of ``run``'s hardware with explicit constants."""
+    return RooflineCost(run.hardware, params)
+
+
+@pytest.fixture
+def a100_device() -> dict:
+    """A fresh copy of the inline A100-like device descriptor."""
+    return copy.deepcopy(A100_LIKE)
+
+
+@pytest.fixture
+def known_params() -> CostParams:
+    """Hand-picked cost constants."""
+    return KNOWN_PARAMS
+
+
+@pytest.fixture
+def free_comm_params() -> CostParams:
+    """Constants of an ideal machine: no launch overhead, free communication."""
+    return FREE_COMM_PARAMS
