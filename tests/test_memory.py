@@ -1,0 +1,175 @@
+"""Per-device memory: model states (ZeRO paper) and activations (Korthikanti et al. 2022)."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import GPT_SMALL, LLAMA_GQA, KNOWN_PARAMS, make_run, roofline
+from learnedperf.graph.execution import compile_run
+from learnedperf.simulate import simulate
+from learnedperf.simulate.memory import in_flight_microbatches, layer_activation_bytes, peak_memory
+from learnedperf.units import GiB
+
+
+def model_states(mem) -> float:
+    return mem.weights + mem.gradients + mem.optimizer_states
+
+
+# ----------------------------------------------------------------------------- model states
+def test_ddp_bf16_adam_is_18_bytes_per_param():
+    # Megatron's bf16 recipe: bf16 weights (2) + fp32 gradients (4) + fp32 master, m, v (12)
+    run = make_run(LLAMA_GQA, num_devices=8, dp=8)
+    mem = peak_memory(compile_run(run))
+    psi = run.model.num_params()
+    assert mem.weights == pytest.approx(2 * psi, rel=1e-12)
+    assert mem.gradients == pytest.approx(4 * psi, rel=1e-12)
+    assert mem.optimizer_states == pytest.approx(12 * psi, rel=1e-12)
+    assert model_states(mem) == pytest.approx(18 * psi, rel=1e-12)
+
+
+def test_ddp_fp16_gradients_is_16_bytes_per_param():
+    # ZeRO paper §3.1: mixed-precision Adam holds 2Ψ + 2Ψ + KΨ with K = 12, i.e. 16Ψ
+    for precision in ("fp16", "bf16"):
+        run = make_run(LLAMA_GQA, num_devices=8, dp=8, precision=precision, grad_reduce_precision="fp16")
+        mem = peak_memory(compile_run(run))
+        assert model_states(mem) == pytest.approx(16 * run.model.num_params(), rel=1e-12)
+
+
+def test_layernorm_model_counts_every_parameter():
+    run = make_run(GPT_SMALL, num_devices=8, dp=8)
+    mem = peak_memory(compile_run(run))
+    assert model_states(mem) == pytest.approx(18 * run.model.num_params(), rel=1e-12)
+
+
+# GPT with Ψ ≈ 7.5e9 parameters (12·l·h² + 13·l·h + (V+s)·h + 2h)
+ZERO_MODEL = {"name": "gpt-7.5b", "arch": "gpt", "num_layers": 36, "hidden_size": 4096, "num_attention_heads": 32,
+              "vocab_size": 59000, "seq_length": 2048}
+
+
+@pytest.mark.parametrize("stage,published_GB,formula", [
+    (0, 120.0, lambda psi, nd: 16 * psi),
+    (1, 31.4, lambda psi, nd: 4 * psi + 12 * psi / nd),
+    (2, 16.6, lambda psi, nd: 2 * psi + 14 * psi / nd),
+    (3, 1.9, lambda psi, nd: 16 * psi / nd),
+])
+def test_zero_stages_match_zero_paper_figure_1(stage, published_GB, formula):
+    # Rajbhandari et al. (SC20), Figure 1: Ψ = 7.5B, N_d = 64, K = 12
+    run = make_run(ZERO_MODEL, num_devices=64, dp=64, zero_stage=stage, precision="fp16",
+                   grad_reduce_precision="fp16")
+    psi = run.model.num_params()
+    assert psi == pytest.approx(7.5e9, rel=2e-3)
+    mem = peak_memory(compile_run(run))
+    assert model_states(mem) == pytest.approx(formula(psi, 64), rel=1e-9)
+    assert model_states(mem) / 1e9 == pytest.approx(published_GB, rel=0.02)
+
+
+def test_fsdp_counts_as_zero_3():
+    a = peak_memory(compile_run(make_run(LLAMA_GQA, num_devices=8, dp=8, fsdp=True)))
+    b = peak_memory(compile_run(make_run(LLAMA_GQA, num_devices=8, dp=8, zero_stage=3)))
+    assert model_states(a) == pytest.approx(model_states(b), rel=1e-12)
+
+
+# ----------------------------------------------------------------------------- activations
+# Korthikanti et al. 2022, Table 2 (per layer, 16-bit activations, GPT layer with 4h FFN, GELU, dropout,
+# attention scores materialised); s: sequence, b: micro-batch, h: hidden, a: heads, t: tensor parallel
+S, B, H, A = 2048, 2, 2048, 16
+KORTH_MODEL = {"name": "gpt-korth", "arch": "gpt", "num_layers": 8, "hidden_size": H, "num_attention_heads": A,
+               "vocab_size": 51200, "seq_length": S}
+
+
+def act(t: int = 1, **strategy) -> float:
+    run = make_run(KORTH_MODEL, num_devices=t, tp=t, micro_batch_size=B, flash_attention=False, precision="bf16",
+                   **strategy)
+    return layer_activation_bytes(compile_run(run))
+
+
+def test_activations_no_parallelism():
+    assert act() == pytest.approx(S * B * H * (34 + 5 * A * S / H), rel=1e-12)
+
+
+@pytest.mark.parametrize("t", [2, 4, 8])
+def test_activations_tensor_parallel(t):
+    assert act(t) == pytest.approx(S * B * H * (10 + 24 / t + 5 * A * S / (H * t)), rel=1e-12)
+
+
+@pytest.mark.parametrize("t", [2, 4, 8])
+def test_activations_tensor_and_sequence_parallel(t):
+    assert act(t, sequence_parallel=True) == pytest.approx(S * B * H / t * (34 + 5 * A * S / H), rel=1e-12)
+
+
+@pytest.mark.parametrize("t", [2, 8])
+def test_activations_selective_recompute(t):
+    assert act(t, recompute="selective") == pytest.approx(S * B * H * (10 + 24 / t), rel=1e-12)
+    assert act(t, recompute="selective", sequence_parallel=True) == pytest.approx(34 * S * B * H / t, rel=1e-12)
+
+
+def test_activations_full_recompute():
+    assert act(recompute="full") == pytest.approx(2 * S * B * H, rel=1e-12)
+    assert act(4, recompute="full") == pytest.approx(2 * S * B * H, rel=1e-12)
+
+
+def test_flash_attention_drops_the_quadratic_term():
+    run = make_run(KORTH_MODEL, num_devices=1, micro_batch_size=B, flash_attention=True)
+    per_layer = layer_activation_bytes(compile_run(run))
+    # 34·sbh plus an O(s) softmax statistic; no 5·a·s²·b term
+    assert 34 * S * B * H <= per_layer < 34 * S * B * H * 1.01
+
+
+@pytest.mark.parametrize("p,m", [(4, 8), (4, 4), (2, 8), (8, 16)])
+def test_1f1b_first_stage_holds_p_microbatches(p, m):
+    run = make_run(KORTH_MODEL, num_devices=p, pp=p, micro_batch_size=B, global_batch_size=B * m,
+                   flash_attention=False)
+    eg = compile_run(run)
+    assert in_flight_microbatches(eg.stages[0].schedule) == p
+    mem = peak_memory(eg)
+    assert mem.stage == 0
+    L = KORTH_MODEL["num_layers"]
+    # Korthikanti §4.2.3: p micro-batches of L/p layers, i.e. one micro-batch through the whole model
+    assert mem.activations == pytest.approx(L * S * B * H * (34 + 5 * A * S / H), rel=1e-12)
+
+
+@pytest.mark.parametrize("p,v", [(2, 2), (4, 2)])
+def test_interleaved_first_stage_activation_factor(p, v):
+    m = 2 * p
+    run = make_run(KORTH_MODEL, num_devices=p, pp=p, micro_batch_size=B, global_batch_size=B * m,
+                   flash_attention=False, pipeline_schedule="interleaved", virtual_pipeline_stages=v)
+    mem = peak_memory(compile_run(run))
+    assert mem.stage == 0
+    L = KORTH_MODEL["num_layers"]
+    # Korthikanti §4.2.3: the interleaved schedule multiplies the first stage's activations by 1 + (p-1)/(p·v)
+    expected = L * S * B * H * (34 + 5 * A * S / H) * (1 + (p - 1) / (p * v))
+    assert mem.activations == pytest.approx(expected, rel=1e-12)
+
+
+def test_gpipe_holds_all_microbatches():
+    p, m = 4, 8
+    run = make_run(KORTH_MODEL, num_devices=p, pp=p, micro_batch_size=B, global_batch_size=B * m,
+                   flash_attention=False, pipeline_schedule="gpipe")
+    mem = peak_memory(compile_run(run))
+    L = KORTH_MODEL["num_layers"]
+    assert mem.activations == pytest.approx(m * L / p * S * B * H * (34 + 5 * A * S / H), rel=1e-12)
+
+
+# ----------------------------------------------------------------------------- fits in memory
+GPT3_175B = {"name": "gpt3-175b-inline", "arch": "gpt", "num_layers": 96, "hidden_size": 12288,
+             "num_attention_heads": 96, "vocab_size": 51200, "seq_length": 2048}
+
+
+def test_gpt3_175b_does_not_fit_on_8_a100_80gb():
+    run = make_run(GPT3_175B, num_devices=8, tp=8, dp=1)
+    r = simulate(run, cost=roofline(run, KNOWN_PARAMS))
+    pred = r.to_prediction()
+    assert pred["fits_in_memory"] is False
+    psi = run.model.num_params()
+    assert psi == pytest.approx(175e9, rel=0.01)
+    # ~18 bytes per parameter over 8 devices: ~390 GB each, far above 80 GiB
+    assert model_states(r.memory) == pytest.approx(18 * psi / 8, rel=0.01)
+    assert model_states(r.memory) > 80 * GiB
+    assert pred["peak_memory_GiB"] > 80
+
+
+def test_small_model_fits():
+    run = make_run(GPT_SMALL, num_devices=8, dp=8, micro_batch_size=4, global_batch_size=32)
+    pred = simulate(run, cost=roofline(run, KNOWN_PARAMS)).to_prediction()
+    assert pred["fits_in_memory"] is True
+    assert 0 < pred["peak_memory_GiB"] < 80

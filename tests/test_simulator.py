@@ -1,0 +1,271 @@
+"""The discrete-event simulator: pipeline bubbles, exact sums, extrapolation, link sharing, overlap, traces.
+
+Every run uses explicit :class:`CostParams` (see conftest) so that no expectation depends on the fitted
+constants.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from conftest import FREE_COMM_PARAMS, GPT_SMALL, KNOWN_PARAMS, LLAMA_GQA, make_run, roofline
+from learnedperf.graph.execution import compile_run, gradient_collectives
+from learnedperf.graph.transformer import operator_graph
+from learnedperf.simulate import simulate
+from learnedperf.simulate.engine import Engine
+
+# Identical stages: with a vocabulary of 8 the LM head and the embedding are a few microseconds against
+# milliseconds of transformer layers, so every pipeline stage does (almost) the same work.
+UNIFORM = {"name": "uniform", "arch": "gpt", "num_layers": 16, "hidden_size": 1024, "num_attention_heads": 16,
+           "vocab_size": 8, "seq_length": 1024}
+
+# Tolerance of the bubble checks. The closed forms assume identical stages and free communication. What
+# remains unequal: stage 0 also runs the embedding lookup and position add (memory bound, ~8 MB moved per
+# micro-batch), the last stage the final norm, an 8-wide head and its cross-entropy; the optimizer step
+# (not part of the pipeline) is taken out of the iteration before comparing. Those extras are < 1 % of a
+# stage's work, which moves the bubble fraction by < 1 % relative; 2 % leaves margin without hiding a
+# wrong schedule (e.g. p vs p-1 warm-up units changes the fraction by > 10 %).
+BUBBLE_REL = 0.02
+
+
+def bubble_fraction(run) -> float:
+    """Pipeline-bubble share of the pipelined part of the iteration (optimizer excluded)."""
+    r = simulate(run, cost=roofline(run, FREE_COMM_PARAMS), exact=True)
+    bd = r.breakdown_s
+    assert bd["exposed_communication"] <= 1e-6 * r.iteration_time_s  # communication is free here
+    return bd["pipeline_bubble"] / (r.iteration_time_s - bd["optimizer"])
+
+
+# ----------------------------------------------------------------------------- pipeline bubbles
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 16), (8, 8), (8, 32)])
+def test_1f1b_bubble_matches_closed_form(p, m):
+    run = make_run(UNIFORM, num_devices=p, pp=p, global_batch_size=m)
+    # Narayanan et al. SC21 §2.2.1: bubble time (p-1)·(tf+tb) against m·(tf+tb) of useful work
+    assert bubble_fraction(run) == pytest.approx((p - 1) / (m + p - 1), rel=BUBBLE_REL)
+
+
+@pytest.mark.parametrize("p,m", [(4, 8), (8, 8), (2, 16)])
+def test_gpipe_bubble_equals_1f1b(p, m):
+    g = bubble_fraction(make_run(UNIFORM, num_devices=p, pp=p, global_batch_size=m, pipeline_schedule="gpipe"))
+    f = bubble_fraction(make_run(UNIFORM, num_devices=p, pp=p, global_batch_size=m))
+    assert g == pytest.approx((p - 1) / (m + p - 1), rel=BUBBLE_REL)
+    assert g == pytest.approx(f, rel=BUBBLE_REL)
+
+
+@pytest.mark.parametrize("p,v,m", [(2, 2, 4), (4, 2, 8), (4, 4, 8), (4, 2, 16), (8, 2, 8)])
+def test_interleaved_bubble_shrinks_by_v(p, v, m):
+    run = make_run(UNIFORM, num_devices=p, pp=p, global_batch_size=m, pipeline_schedule="interleaved",
+                   virtual_pipeline_stages=v)
+    frac = bubble_fraction(run)
+    # Narayanan et al. SC21 §2.2.2: the bubble shrinks to (p-1)/v units of (tf+tb) against m units of work
+    assert frac == pytest.approx((p - 1) / (v * m + p - 1), rel=BUBBLE_REL)
+    plain = bubble_fraction(make_run(UNIFORM, num_devices=p, pp=p, global_batch_size=m))
+    assert frac < plain
+
+
+# ----------------------------------------------------------------------------- exact sums
+@pytest.mark.parametrize("m,exact", [(1, False), (8, False), (8, True)])
+def test_single_device_time_is_sum_of_op_costs(m, exact):
+    # rmsnorm, untied head: the operator graph and the compiled program hold the same parameters
+    run = make_run(LLAMA_GQA, num_devices=1, global_batch_size=m)
+    cost = roofline(run, KNOWN_PARAMS)
+    g = operator_graph(run.model, 1, run.strategy.precision, run.strategy.flash_attention, "adam")
+    step = sum(cost.compute_time_s(op) * r for op, r in zip(g.ops, g.repeat) if op.phase in ("fwd", "bwd"))
+    opt = sum(cost.compute_time_s(op) * r for op, r in zip(g.ops, g.repeat) if op.phase == "opt")
+    assert opt > 0 and step > 0
+    r = simulate(run, cost=cost, exact=exact)
+    assert r.iteration_time_s == pytest.approx(m * step + opt, rel=1e-9)
+    # no pipeline, no communication: nothing but float rounding between back-to-back kernels
+    assert r.breakdown_s["pipeline_bubble"] <= 1e-12 * r.iteration_time_s
+    assert r.breakdown_s["exposed_communication"] <= 1e-12 * r.iteration_time_s
+    assert r.breakdown_s["optimizer"] == pytest.approx(opt, rel=1e-9)
+
+
+def test_gradient_reduction_without_overlap_is_serial():
+    # DDP without overlap: backward, then every bucket's all-reduce back to back, then the optimizer
+    run = make_run(LLAMA_GQA, num_devices=8, dp=8, overlap_grad_reduce=False)
+    cost = roofline(run, KNOWN_PARAMS)
+    eg = compile_run(run)
+    c = eg.stages[0].chunks[0]
+    compute = sum(cost.compute_time_s(op) * rep for ops, rep in c.forward + c.backward for op in ops)
+    comm = sum(cost.comm_time_s(op) for op in gradient_collectives(eg, c))
+    opt = sum(cost.compute_time_s(op) for op in eg.stages[0].optimizer)
+    assert comm > 0.1 * compute  # communication matters here
+    r = simulate(run, cost=cost)
+    assert r.iteration_time_s == pytest.approx(compute + comm + opt, rel=1e-9)
+    assert r.breakdown_s["exposed_communication"] == pytest.approx(comm, rel=1e-9)
+
+
+@pytest.mark.parametrize("dp_kw", [dict(num_devices=8, dp=8), dict(num_devices=16, dp=16),
+                                   dict(num_devices=16, tp=8, dp=2)])
+def test_overlapping_gradient_reduction_is_faster(dp_kw):
+    times = {}
+    for overlap in (True, False):
+        run = make_run(GPT_SMALL, overlap_grad_reduce=overlap, **dp_kw)
+        r = simulate(run, cost=roofline(run, KNOWN_PARAMS))
+        times[overlap] = r.iteration_time_s
+        if not overlap:
+            assert r.breakdown_s["exposed_communication"] > 0.1 * r.iteration_time_s
+    assert times[True] < times[False]
+
+
+# ----------------------------------------------------------------------------- extrapolation
+EXTRAPOLATED = [
+    dict(model=GPT_SMALL, num_devices=4, pp=4, global_batch_size=64),  # pp=4, m=64
+    dict(model=GPT_SMALL, num_devices=8, pp=4, dp=2, global_batch_size=128),  # pp=4, m=64, with DP traffic
+    dict(model=GPT_SMALL, num_devices=16, tp=2, pp=4, dp=2, global_batch_size=128, sequence_parallel=True),
+    dict(model=GPT_SMALL, num_devices=1, global_batch_size=16),  # pp=1, m=16
+    dict(model=GPT_SMALL, num_devices=8, dp=8, global_batch_size=128),  # pp=1, m=16, DDP
+    dict(model=GPT_SMALL, num_devices=16, pp=4, dp=4, global_batch_size=128, pipeline_schedule="interleaved",
+         virtual_pipeline_stages=2),
+    dict(model=LLAMA_GQA, num_devices=16, pp=2, dp=8, global_batch_size=128, zero_stage=3),
+]
+
+
+@pytest.mark.parametrize("kw", EXTRAPOLATED)
+def test_extrapolation_matches_exact_simulation(kw):
+    kw = dict(kw)
+    run = make_run(kw.pop("model"), **kw)
+    cost = roofline(run, KNOWN_PARAMS)
+    fast = simulate(run, cost=cost)
+    full = simulate(run, cost=cost, exact=True)
+    assert fast.extrapolated and not full.extrapolated
+    assert fast.iteration_time_s == pytest.approx(full.iteration_time_s, rel=1e-6)
+    for k, v in full.breakdown_s.items():
+        assert fast.breakdown_s[k] == pytest.approx(v, rel=1e-6, abs=1e-9 * full.iteration_time_s), k
+
+
+@pytest.mark.parametrize("kw", EXTRAPOLATED)
+def test_breakdown_sums_to_iteration_time(kw):
+    kw = dict(kw)
+    run = make_run(kw.pop("model"), **kw)
+    cost = roofline(run, KNOWN_PARAMS)
+    for exact in (False, True):
+        r = simulate(run, cost=cost, exact=exact)
+        bd = r.breakdown_s
+        parts = ("forward", "backward", "recompute", "optimizer", "exposed_communication", "pipeline_bubble")
+        assert all(bd[k] >= 0 for k in parts)
+        assert sum(bd[k] for k in parts) == pytest.approx(r.iteration_time_s, rel=1e-6)
+        assert bd["compute"] == pytest.approx(bd["forward"] + bd["backward"] + bd["recompute"], rel=1e-9)
+
+
+def test_recompute_shows_in_breakdown():
+    run = make_run(GPT_SMALL, num_devices=1, recompute="full", global_batch_size=2)
+    cost = roofline(run, FREE_COMM_PARAMS)
+    r = simulate(run, cost=cost)
+    # full recompute re-runs each transformer layer's forward once per micro-batch (Megatron: layers only,
+    # not the embedding or the LM head), so its time is the layers' forward time
+    L = GPT_SMALL["num_layers"]
+    c = compile_run(run).stages[0].chunks[0]
+    layer_fwd = next(ops for ops, rep in c.forward if rep == L)
+    expected = 2 * L * sum(cost.compute_time_s(op) for op in layer_fwd)
+    assert r.breakdown_s["recompute"] == pytest.approx(expected, rel=1e-9)
+    assert r.breakdown_s["recompute"] < r.breakdown_s["forward"]  # the forward also has embedding and head
+    plain = simulate(make_run(GPT_SMALL, num_devices=1, global_batch_size=2), cost=cost)
+    assert r.iteration_time_s == pytest.approx(plain.iteration_time_s + expected, rel=1e-9)
+
+
+# ----------------------------------------------------------------------------- engine: link sharing
+S = 1e9  # bytes
+B = 100e9  # bytes/s
+
+
+def test_transfer_alone_takes_latency_plus_size_over_bandwidth():
+    e = Engine()
+    st = e.add_stream("s")
+    link = e.add_link("l", B)
+    t = e.transfer(st, 5e-6, [(link, S)])
+    assert e.run() == pytest.approx(5e-6 + S / B, rel=1e-9)
+    assert e.end[t] == pytest.approx(5e-6 + S / B, rel=1e-9)
+
+
+def test_two_transfers_share_a_link():
+    e = Engine()
+    link = e.add_link("l", B)
+    t1 = e.transfer(e.add_stream("a"), 0.0, [(link, S)])
+    t2 = e.transfer(e.add_stream("b"), 0.0, [(link, S)])
+    e.run()
+    # processor sharing: each gets B/2, both end at 2S/B (not S/B)
+    assert e.end[t1] == pytest.approx(2 * S / B, rel=1e-9)
+    assert e.end[t2] == pytest.approx(2 * S / B, rel=1e-9)
+
+
+def test_late_transfer_gets_the_remaining_share():
+    # the second transfer starts at S/(2B): the first has S/2 left; both then move at B/2, so the
+    # first ends at S/(2B) + S/B and the second, with S/2 left then, at S/(2B) + S/B + S/(2B)
+    e = Engine()
+    link = e.add_link("l", B)
+    t1 = e.transfer(e.add_stream("a"), 0.0, [(link, S)])
+    t2 = e.transfer(e.add_stream("b"), S / (2 * B), [(link, S)])
+    e.run()
+    assert e.end[t1] == pytest.approx(1.5 * S / B, rel=1e-9)
+    assert e.end[t2] == pytest.approx(2.0 * S / B, rel=1e-9)
+
+
+def test_transfer_on_two_links_is_limited_by_the_slower():
+    e = Engine()
+    fast = e.add_link("fast", 4 * B)
+    slow = e.add_link("slow", B)
+    t = e.transfer(e.add_stream("s"), 0.0, [(fast, S), (slow, S)])
+    e.run()
+    assert e.end[t] == pytest.approx(S / B, rel=1e-9)
+
+
+def test_transfers_on_separate_links_do_not_interfere():
+    e = Engine()
+    l1, l2 = e.add_link("1", B), e.add_link("2", B)
+    t1 = e.transfer(e.add_stream("a"), 0.0, [(l1, S)])
+    t2 = e.transfer(e.add_stream("b"), 0.0, [(l2, S)])
+    e.run()
+    assert e.end[t1] == pytest.approx(S / B) and e.end[t2] == pytest.approx(S / B)
+
+
+def test_stream_order_and_dependencies():
+    e = Engine()
+    a, b = e.add_stream("a"), e.add_stream("b")
+    x = e.compute(a, 1.0)
+    y = e.compute(a, 2.0)  # after x on the same stream
+    z = e.compute(b, 0.5, deps=(x,))  # after x across streams
+    w = e.compute(b, 1.0, deps=(y,))
+    assert e.run() == pytest.approx(4.0)
+    assert (e.start[y], e.start[z], e.start[w]) == (pytest.approx(1.0), pytest.approx(1.0), pytest.approx(3.0))
+
+
+# ----------------------------------------------------------------------------- trace, determinism
+def test_trace_events_cover_the_iteration():
+    run = make_run(GPT_SMALL, num_devices=8, pp=4, dp=2, global_batch_size=16)
+    r = simulate(run, cost=roofline(run, KNOWN_PARAMS), trace=True)
+    assert r.trace
+    xs = [ev for ev in r.trace if ev["ph"] == "X"]
+    assert len(xs) == r.num_events
+    assert all(ev["dur"] >= 0 and ev["ts"] >= 0 for ev in xs)
+    end_us = max(ev["ts"] + ev["dur"] for ev in xs)
+    assert end_us * 1e-6 == pytest.approx(r.iteration_time_s, rel=1e-9)
+    assert {ev["pid"] for ev in xs} == {0, 1, 2, 3}
+
+
+def test_simulation_is_deterministic():
+    run = make_run(GPT_SMALL, num_devices=16, tp=2, pp=4, dp=2, global_batch_size=64)
+    a = simulate(run, cost=roofline(run, KNOWN_PARAMS), trace=True)
+    b = simulate(run, cost=roofline(run, KNOWN_PARAMS), trace=True)
+    assert a.to_prediction() == b.to_prediction()
+    assert a.trace == b.trace
+    c = simulate(run.to_dict(), cost=roofline(run, KNOWN_PARAMS))
+    assert c.iteration_time_s == pytest.approx(a.iteration_time_s, rel=1e-12)
+
+
+def test_prediction_fields_are_consistent():
+    run = make_run(GPT_SMALL, num_devices=8, dp=8, global_batch_size=64)
+    r = simulate(run, cost=roofline(run, KNOWN_PARAMS))
+    p = r.to_prediction()
+    t = p["iteration_time_ms"] / 1e3
+    assert p["tokens_per_second"] == pytest.approx(64 * GPT_SMALL["seq_length"] / t, rel=1e-12)
+    # model FLOPs: the Narayanan count (GEMMs and attention, no recompute). The package also counts the
+    # FLOPs of norms, activations, softmax and cross-entropy, O(10/h) of the GEMM FLOPs: 1 % covers them
+    l, h, s, V = (GPT_SMALL[k] for k in ("num_layers", "hidden_size", "seq_length", "vocab_size"))
+    flops = 72.0 * 64 * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h))
+    assert p["tflops_per_device"] == pytest.approx(flops / t / 8 / 1e12, rel=1e-2)
+    assert p["mfu"] == pytest.approx(p["tflops_per_device"] / 312.0, rel=1e-12)
+    assert math.isfinite(p["peak_memory_GiB"]) and p["peak_memory_GiB"] > 0
