@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import A100_LIKE
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
@@ -32,16 +33,7 @@ def needs_catalog(*kinds: str):
 
 
 # An A100-like device without fp8 math, and without link parameters.
-DEVICE = {
-    "name": "test-gpu",
-    "vendor": "test",
-    "peak_tflops": {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
-    "memory_bandwidth_GBps": 2039.0,
-    "memory_GiB": 80.0,
-    "num_sms": 108,
-    "l2_cache_MiB": 40.0,
-    "clock_MHz": 1410.0,
-}
+DEVICE = {k: v for k, v in A100_LIKE.items() if "node" not in k} | {"name": "test-gpu"}
 
 DEVICE_FP8 = dict(DEVICE, name="test-gpu-fp8", peak_tflops=dict(DEVICE["peak_tflops"], fp8=1979.0))
 

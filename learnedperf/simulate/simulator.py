@@ -15,7 +15,6 @@ extended along that line (``exact=True`` simulates every micro-batch).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -78,15 +77,6 @@ class SimResult:
 
 
 # ------------------------------------------------------------------ costs
-@dataclass
-class _UnitCost:
-    compute_s: float  # kernels
-    latency_s: float  # blocking collectives: latency
-    intra_bytes: float  # and bytes per link level
-    inter_bytes: float
-    segments: int = 1
-
-
 def _unit_cost(blocks, cost: CostModel) -> tuple[float, float, float, float, dict[str, float]]:
     """Compute seconds and aggregated blocking-collective load of a list of (ops, repeat) blocks."""
     comp = lat = intra = inter = 0.0
@@ -108,8 +98,8 @@ def _unit_cost(blocks, cost: CostModel) -> tuple[float, float, float, float, dic
 class _Builder:
     """Lays the execution graph out as engine tasks."""
 
-    def __init__(self, eg: ExecutionGraph, cost: CostModel, trace: bool):
-        self.eg, self.cost, self.trace = eg, cost, trace
+    def __init__(self, eg: ExecutionGraph, cost: CostModel):
+        self.eg, self.cost = eg, cost
         self.run = eg.run
         self.e = Engine()
         self.links: dict[tuple[int, str], int] = {}
@@ -354,9 +344,9 @@ def _analyse(b: _Builder) -> tuple[float, dict[str, float]]:
     return total, bd
 
 
-def _simulate_once(run: RunSpec, cost: CostModel, m: int, trace: bool):
+def _simulate_once(run: RunSpec, cost: CostModel, m: int):
     eg = compile_run(run, m)
-    b = _Builder(eg, cost, trace)
+    b = _Builder(eg, cost)
     b.build()
     total, bd = _analyse(b)
     return total, bd, b, eg
@@ -381,15 +371,15 @@ def simulate(run: RunSpec | dict, *, cost: CostModel | None = None, trace: bool 
     m1, m2 = (s.pp, 2 * s.pp) if s.pp > 1 else (2, 3)
     extrapolate = not (exact or trace) and m > m2
     if extrapolate:
-        t1, bd1, _b1, _ = _simulate_once(run, cost, m1, False)
-        t2, bd2, b2, _ = _simulate_once(run, cost, m2, False)
+        t1, bd1, _b1, _ = _simulate_once(run, cost, m1)
+        t2, bd2, b2, _ = _simulate_once(run, cost, m2)
         slope = (m - m2) / (m2 - m1)
         total = t2 + (t2 - t1) * slope
         bd = {k: max(0.0, bd2[k] + (bd2[k] - bd1[k]) * slope) for k in bd2}
         events = len(b2.e.t_stream)
         eg = compile_run(run)
     else:
-        total, bd, b2, eg = _simulate_once(run, cost, m, trace)
+        total, bd, b2, eg = _simulate_once(run, cost, m)
         events = len(b2.e.t_stream)
     mem = peak_memory(eg)
     result = SimResult(run, total, bd, mem, model_flops_per_iteration(run), events, extrapolate,
