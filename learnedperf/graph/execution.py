@@ -240,22 +240,29 @@ def compile_run(run: RunSpec, num_microbatches: int | None = None) -> ExecutionG
                           s.grad_bucket_size_MiB * MiB, gbytes, pbytes, tied)
 
 
-def gradient_collectives(eg: ExecutionGraph, chunk: Chunk) -> list[Op]:
-    """Gradient-reduction collectives of one chunk, one per bucket, in the order backward produces them.
+def gradient_buckets(eg: ExecutionGraph, chunk: Chunk) -> list[tuple[Op, int]]:
+    """Gradient-reduction collectives of one chunk as (one bucket's op, number of such buckets).
 
-    DDP (ZeRO 0) all-reduces; ZeRO 1/2 reduce-scatter (each rank keeps its shard);
-    ZeRO 3 / FSDP reduce-scatter per micro-batch (handled by the simulator).
+    Buckets are equal slices of the chunk's gradients (``bucket_bytes`` each, rounded to a whole
+    number), dense parameters first, then expert parameters (reduced in their own group), in
+    the order backward produces them. DDP (ZeRO 0) all-reduces; ZeRO 1/2 reduce-scatter (each rank
+    keeps its shard); ZeRO 3 / FSDP reduce-scatter per micro-batch (handled by the simulator).
     """
     s = eg.run.strategy
     kind = "allreduce" if s.effective_zero_stage == 0 else "reducescatter"
-    out: list[Op] = []
+    out: list[tuple[Op, int]] = []
     for params, group, tag in ((chunk.dense_params, eg.dp_group, "dense"),
                                (chunk.expert_params, eg.expert_dp_group, "expert")):
         if params <= 0 or group.size <= 1:
             continue
         total = params * eg.grad_bytes_per_param
         n = max(1, round(total / eg.bucket_bytes))
-        for i in range(n):
-            out.append(comm(f"chunk{chunk.vstage}.{tag}.grad_{kind}{i}", kind, "bwd", total / n, group,
-                            s.reduce_precision))
+        out.append((comm(f"chunk{chunk.vstage}.{tag}.grad_{kind}", kind, "bwd", total / n, group,
+                         s.reduce_precision), n))
     return out
+
+
+def gradient_collectives(eg: ExecutionGraph, chunk: Chunk) -> list[Op]:
+    """Gradient-reduction collectives of one chunk, one per bucket (see :func:`gradient_buckets`)."""
+    return [Op(f"{op.name}{i}", op.kind, op.phase, op.flops, op.bytes, op.dtype, op.shape, op.group)
+            for op, n in gradient_buckets(eg, chunk) for i in range(n)]

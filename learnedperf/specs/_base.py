@@ -22,11 +22,27 @@ def _loc_to_field(prefix: str, loc: tuple) -> str:
     return ".".join(parts)
 
 
+class FieldValueError(ValueError):
+    """A cross-field check's failure inside a spec validator, naming the field it blames.
+
+    Pydantic reports errors of ``model_validator`` functions at the model itself; raising this
+    (a ``ValueError``, so pydantic still wraps it) lets :func:`spec_error_from` name the field.
+    """
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
 def spec_error_from(exc: ValidationError, prefix: str) -> SpecError:
     """Turn a pydantic ``ValidationError`` into one SpecError naming the first field."""
     errors = exc.errors(include_url=False)
     first = errors[0]
-    field = _loc_to_field(prefix, tuple(first.get("loc", ())))
+    loc = tuple(first.get("loc", ()))
+    cause = (first.get("ctx") or {}).get("error")
+    if isinstance(cause, FieldValueError):
+        loc = loc + (cause.field,)
+    field = _loc_to_field(prefix, loc)
     kind = first.get("type", "")
     if kind == "extra_forbidden":
         msg = "unknown field"

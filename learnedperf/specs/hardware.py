@@ -13,7 +13,7 @@ from typing import Any, Optional
 from pydantic import Field, model_validator
 
 from ..errors import SpecError
-from ._base import Spec
+from ._base import FieldValueError, Spec
 
 
 class PeakTflops(Spec):
@@ -79,7 +79,7 @@ class HardwareSpec(Spec):
     @model_validator(mode="after")
     def _check(self) -> "HardwareSpec":
         if self.num_devices > self.devices_per_node and self.num_devices % self.devices_per_node:
-            raise ValueError(f"num_devices={self.num_devices} is not a multiple of "
+            raise FieldValueError("num_devices", f"num_devices={self.num_devices} is not a multiple of "
                              f"devices_per_node={self.devices_per_node}")
         return self
 

@@ -12,7 +12,7 @@ from typing import Any, Literal, Optional
 from pydantic import Field, model_validator
 
 from ..errors import SpecError
-from ._base import Spec
+from ._base import FieldValueError, Spec
 
 Arch = Literal["gpt", "llama", "bert", "moe"]
 
@@ -83,17 +83,18 @@ class ModelSpec(Spec):
     @model_validator(mode="after")
     def _check(self) -> "ModelSpec":
         if self.hidden_size % self.num_attention_heads:
-            raise ValueError(
+            raise FieldValueError("num_attention_heads",
                 f"hidden_size={self.hidden_size} is not divisible by num_attention_heads={self.num_attention_heads}")
         if self.num_attention_heads % self.num_kv_heads:
-            raise ValueError(
+            raise FieldValueError("num_kv_heads",
                 f"num_kv_heads={self.num_kv_heads} does not divide num_attention_heads={self.num_attention_heads}")
         if self.arch == "moe" and self.num_experts < 2:
-            raise ValueError("arch 'moe' needs num_experts >= 2")
+            raise FieldValueError("num_experts", "arch 'moe' needs num_experts >= 2")
         if self.arch != "moe" and self.num_experts != 1:
-            raise ValueError(f"num_experts={self.num_experts} needs arch 'moe'")
+            raise FieldValueError("num_experts", f"num_experts={self.num_experts} needs arch 'moe'")
         if self.moe_top_k > self.num_experts:
-            raise ValueError(f"moe_top_k={self.moe_top_k} exceeds num_experts={self.num_experts}")
+            raise FieldValueError("moe_top_k",
+                                  f"moe_top_k={self.moe_top_k} exceeds num_experts={self.num_experts}")
         return self
 
     # ------------------------------------------------------------------ derived

@@ -6,7 +6,7 @@ from typing import Literal, Optional
 
 from pydantic import Field, model_validator
 
-from ._base import Spec
+from ._base import FieldValueError, Spec
 
 Precision = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
 
@@ -46,9 +46,11 @@ class Strategy(Spec):
     @model_validator(mode="after")
     def _check(self) -> "Strategy":
         if self.pipeline_schedule == "interleaved" and self.virtual_pipeline_stages < 2:
-            raise ValueError("pipeline_schedule 'interleaved' needs virtual_pipeline_stages >= 2")
+            raise FieldValueError("virtual_pipeline_stages",
+                                  "pipeline_schedule 'interleaved' needs virtual_pipeline_stages >= 2")
         if self.virtual_pipeline_stages > 1 and self.pipeline_schedule != "interleaved":
-            raise ValueError("virtual_pipeline_stages > 1 needs pipeline_schedule 'interleaved'")
+            raise FieldValueError("pipeline_schedule",
+                                  "virtual_pipeline_stages > 1 needs pipeline_schedule 'interleaved'")
         return self
 
     @property
