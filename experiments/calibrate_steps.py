@@ -55,8 +55,8 @@ def main(argv=None) -> int:
     rows = load_vtrain(args.data)[::4]
     runs = [(RunSpec.from_dict(r.run), r.iteration_time_ms) for r in rows]
     base = default_params()
-    grid_eff = [0.75, 0.8, 0.85, 0.9]
-    grid_floor = [30.0, 40.0, 50.0, 60.0, 70.0]
+    grid_eff = [0.7, 0.75, 0.8, 0.85, 0.9, 0.95]
+    grid_floor = [40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 100.0, 110.0]
     best = None
     for eff, floor in itertools.product(grid_eff, grid_floor):
         p = replace(base, gemm_efficiency_tensor=eff, kernel_launch_us=0.0, kernel_floor_us=floor)

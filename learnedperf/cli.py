@@ -5,6 +5,9 @@ Commands:
 * ``learnedperf simulate`` — run the discrete-event simulator on one run or a batch;
 * ``learnedperf predict`` — the same arguments, answered by the best model available
   (the simulator until a learned checkpoint is shipped; ``source`` says which);
+* ``learnedperf measure`` — measure this machine (operators, collectives, training steps);
+* ``learnedperf ingest`` — run logs, profiler traces and public data → records;
+* ``learnedperf generate`` — sample, simulate and store a versioned data set of runs;
 * ``learnedperf catalog [devices|clusters|models]`` — list the catalog names.
 
 One run comes from ``--run FILE.json`` or from flags (``--model``, ``--cluster``,
@@ -134,6 +137,55 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=text, description=text + ". Give --input, --run or flags for one run.")
         _add_run_arguments(p)
         p.set_defaults(handler=handler)
+
+    p = sub.add_parser("measure", help="measure this machine: operators, collectives, training steps",
+                       description="Measure the local device (CPU, or CUDA when asked) with the project's own "
+                                   "benchmarks and store the records as a data set with a manifest.")
+    p.add_argument("--quick", action="store_true", help="small grids: a smoke test under a minute")
+    p.add_argument("--out", metavar="DIR", help="data set directory (default datasets/measured/<host>, or "
+                                                "datasets/measured-quick/<host> with --quick)")
+    p.add_argument("--host", metavar="NAME", help="name of this machine in the default directory (default: hostname)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--threads", type=_positive_int, default=1, metavar="N", help="torch threads per process")
+    p.add_argument("--parts", default="collectives,ops,steps", metavar="LIST",
+                   help="comma-separated parts to measure: collectives, ops, steps (default: all)")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+    p.set_defaults(handler=_cmd_measure)
+
+    p = sub.add_parser("ingest", help="turn measured runs and profiler traces into records",
+                       description="Read run logs (CSV, Parquet, JSON Lines; schema in docs/ingest.md), PyTorch "
+                                   "profiler Chrome traces, or a public data set, validate every row and write "
+                                   "step / operator records with a manifest. A bad row is reported with its file, "
+                                   "line and field.")
+    p.add_argument("files", nargs="*", metavar="FILE", help="run logs (.csv .parquet .jsonl .json) or traces")
+    p.add_argument("--out", required=True, metavar="DIR", help="data set directory to write")
+    p.add_argument("--kind", choices=("auto", "runs", "trace"), default="auto",
+                   help="what the files are (auto: a JSON object with traceEvents is a trace)")
+    p.add_argument("--public", action="append", default=[], metavar="NAME",
+                   choices=("vtrain", "neusight-ops", "neusight-steps"),
+                   help="also ingest a public data set from ../shared/data (repeatable)")
+    p.add_argument("--skip-bad-rows", action="store_true",
+                   help="write the valid rows and report every bad one (default: a bad row rejects its file)")
+    p.add_argument("--ignore-columns", default="", metavar="LIST",
+                   help="comma-separated extra columns of the run logs to ignore on purpose")
+    p.add_argument("--device", metavar="NAME", help="catalog device the profiled ops ran on (traces)")
+    p.set_defaults(handler=_cmd_ingest)
+
+    p = sub.add_parser("generate", help="generate a data set of simulated and measured runs",
+                       description="Sample valid runs (model x hardware x strategy), simulate them, join every "
+                                   "measured run available, and store one versioned data set (Parquet shards, "
+                                   "graph store, manifest with splits). An interrupted generation resumes.")
+    p.add_argument("--n", type=_positive_int, required=True, metavar="N", help="simulated runs to generate")
+    p.add_argument("--out", required=True, metavar="DIR", help="data set directory")
+    p.add_argument("--seed", type=int, default=0, metavar="S", help="sampling seed (default 0)")
+    p.add_argument("--workers", type=_positive_int, metavar="K", help="local processes (default: CPU count)")
+    p.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler address (tcp://host:port)")
+    p.add_argument("--keep-oom", action="store_true",
+                   help="keep runs that do not fit in memory (fits_in_memory=false) instead of skipping them")
+    p.add_argument("--no-measured", dest="measured", action="store_false",
+                   help="do not join the measured runs (datasets/measured, public data)")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    p.set_defaults(handler=_cmd_generate)
 
     p = sub.add_parser("catalog", help="list catalog names", description="List the names in the catalog.")
     p.add_argument("kind", nargs="?", choices=("devices", "clusters", "models"),
@@ -399,6 +451,156 @@ def _batch(args: argparse.Namespace, command: str, prog: str) -> int:
     if failed:
         print(f"{prog}: {failed} of {total} runs failed (see the \"error\" lines)", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _cmd_measure(args: argparse.Namespace) -> int:
+    """``learnedperf measure``: run the local benchmarks and write a data set."""
+    from .measure.collect import PARTS, collect, default_out
+
+    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    bad = [p for p in parts if p not in PARTS]
+    if bad or not parts:
+        raise UsageError(f"learnedperf measure: error: --parts: unknown part(s) {bad or parts} "
+                         f"(choose from {', '.join(PARTS)})")
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            print("learnedperf measure: error: --device cuda: no CUDA device is available", file=sys.stderr)
+            return 1
+    out = args.out or default_out(args.quick, args.host)
+    command = "learnedperf measure " + " ".join(_measure_argv(args))
+    try:
+        manifest = collect(out, quick=args.quick, parts=parts, device=args.device, threads=args.threads,
+                           command=command, progress=args.progress)
+    except LearnedPerfError as exc:
+        print(f"learnedperf measure: error: {_error_text(exc)}", file=sys.stderr)
+        return 1
+    rows = ", ".join(f"{name} ({info['rows']} rows)" for name, info in manifest["files"].items())
+    print(f"wrote {out}: {rows}; manifest.json")
+    return 0
+
+
+def _measure_argv(args: argparse.Namespace) -> list[str]:
+    """The flags of a ``measure`` call (defaults spelt out), as the manifest records the command."""
+    out = ["--quick"] * args.quick + [f"--device {args.device}", f"--threads {args.threads}",
+                                      f"--parts {args.parts}"]
+    return out + ([f"--out {args.out}"] if args.out else []) + ([f"--host {args.host}"] if args.host else [])
+
+
+def _cmd_ingest(args: argparse.Namespace) -> int:
+    """``learnedperf ingest``: validate logs / traces / public data and write records."""
+    from pathlib import Path
+
+    from .measure import ingest as ing
+    from .measure.records import OP_COLUMNS, STEP_COLUMNS, host_name, write_manifest, write_parquet
+
+    if not args.files and not args.public:
+        raise UsageError("learnedperf ingest: error: give run logs / traces, or --public NAME")
+    ignore = [c.strip() for c in args.ignore_columns.split(",") if c.strip()]
+    steps: list[dict] = []
+    ops: list[dict] = []
+    rejected = 0
+    sources: list[dict] = []
+    for path in args.files:
+        kind = args.kind if args.kind != "auto" else ("trace" if _looks_like_trace(path) else "runs")
+        try:
+            if kind == "trace":
+                got = ing.ingest_trace(path, device=args.device)
+                ops += got.ops
+                sources.append({"file": path, "kind": "trace", "op_records": len(got.ops),
+                                "step_times_ms": [st["time_ms"] for st in got.steps],
+                                "unmapped_ops": len(got.unmapped)})
+                print(f"{path}: {len(got.ops)} operator records ({len(got.unmapped)} unknown op kinds not "
+                      "turned into records)", file=sys.stderr)
+                continue
+            if args.skip_bad_rows:
+                res = ing.read_run_log(path, errors="collect", ignore_columns=ignore)
+                for err in res.errors:
+                    print(f"learnedperf ingest: rejected: {err}", file=sys.stderr)
+                rejected += res.rejected
+                got_steps = res.records
+            else:
+                got_steps = ing.read_run_log(path, ignore_columns=ignore)
+        except LearnedPerfError as exc:
+            print(f"learnedperf ingest: error: {_error_text(exc)}", file=sys.stderr)
+            return 1
+        steps += got_steps
+        sources.append({"file": path, "kind": "runs", "step_records": len(got_steps)})
+        print(f"{path}: {len(got_steps)} step records", file=sys.stderr)
+    for name in args.public:
+        from .measure import public
+
+        try:
+            if name == "vtrain":
+                got = public.vtrain_step_records()
+                steps += got
+                sources.append({"public": name, "step_records": len(got)})
+            elif name == "neusight-steps":
+                loaded = public.load_neusight_steps()
+                steps += loaded.records
+                sources.append({"public": name, "step_records": len(loaded.records), "skipped": loaded.skipped})
+            else:
+                frame = public.load_neusight_ops()
+                ops += frame.to_dict("records")
+                sources.append({"public": name, "op_records": len(frame)})
+        except LearnedPerfError as exc:
+            print(f"learnedperf ingest: error: --public {name}: {_error_text(exc)}", file=sys.stderr)
+            return 1
+        print(f"--public {name}: {sources[-1]}", file=sys.stderr)
+    out = Path(args.out)
+    written = []
+    try:
+        if steps:
+            written.append(write_parquet(steps, out / "steps_ingested.parquet", STEP_COLUMNS, "step").name)
+        if ops:
+            written.append(write_parquet(ops, out / "ops_ingested.parquet", OP_COLUMNS, "operator").name)
+        write_manifest(out, command="learnedperf ingest " + " ".join(_ingest_argv(args)),
+                       host={"name": host_name()}, extra={"sources": sources, "rejected_rows": rejected})
+    except (LearnedPerfError, OSError) as exc:
+        print(f"learnedperf ingest: error: {_error_text(exc) if isinstance(exc, LearnedPerfError) else exc}",
+              file=sys.stderr)
+        return 1
+    print(f"wrote {out}: {len(steps)} step records, {len(ops)} operator records"
+          + (f"; {rejected} rows rejected (listed above)" if rejected else ""))
+    return 1 if rejected else 0
+
+
+def _ingest_argv(args: argparse.Namespace) -> list[str]:
+    out = list(args.files) + [f"--out {args.out}"] + [f"--public {p}" for p in args.public]
+    out += ["--skip-bad-rows"] * args.skip_bad_rows + ([f"--kind {args.kind}"] if args.kind != "auto" else [])
+    return out + ([f"--ignore-columns {args.ignore_columns}"] if args.ignore_columns else []) + (
+        [f"--device {args.device}"] if args.device else [])
+
+
+def _looks_like_trace(path: str) -> bool:
+    """A JSON (or .json.gz) file whose top-level object has ``traceEvents``: a profiler trace."""
+    if not (path.endswith(".json") or path.endswith(".json.gz")):
+        return False
+    import gzip
+
+    try:
+        opener = gzip.open if path.endswith(".gz") else open
+        with opener(path, "rt", encoding="utf-8") as fh:
+            head = fh.read(4096)
+    except (OSError, UnicodeDecodeError):
+        return False  # the run-log reader reports the unreadable file with its reason
+    return '"traceEvents"' in head or '"schemaVersion"' in head
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    """``learnedperf generate``: sample, simulate and store a versioned data set."""
+    from .data.generate import run_generate
+
+    try:
+        manifest = run_generate(args.n, args.out, args.seed, workers=args.workers, scheduler=args.scheduler,
+                                keep_oom=args.keep_oom, progress=args.progress, measured=args.measured)
+    except LearnedPerfError as exc:
+        print(f"learnedperf generate: error: {_error_text(exc)}", file=sys.stderr)
+        return 1
+    counts = manifest.get("counts", {})
+    print(f"wrote {args.out}: " + ", ".join(f"{v} {k}" for k, v in counts.items()) + "; manifest.json")
+    return 0
 
 
 def _cmd_catalog(args: argparse.Namespace) -> int:

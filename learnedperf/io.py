@@ -196,3 +196,22 @@ def write_jsonl(records: Iterable[Any], destination: PathOrStream) -> int:
 
 __all__ = ["Item", "PathOrStream", "dumps_line", "open_input", "open_output", "read_jsonl",
            "read_records", "write_jsonl"]
+
+
+def load_json_file(path: str | os.PathLike[str]) -> Any:
+    """The JSON value of a whole file.
+
+    Raises:
+        InputError: the file cannot be read or is not JSON; the message names the path (and the line).
+    """
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise InputError(f"{_describe(path)}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{_describe(path)}: not UTF-8 text ({exc.reason})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{_describe(path)}: invalid JSON: {exc.msg} (line {exc.lineno})") from None

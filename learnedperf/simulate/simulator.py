@@ -194,13 +194,13 @@ class _Builder:
             per = max(1, pg.per_node)
             return "intra" if pg.size > 1 and per > 1 and a // per == b // per else "inter"
         lat_of = {}
-        if pp > 1:
-            lat_of["intra"] = cost.comm_cost(comm("p2p", "p2p", "fwd", eg.p2p_bytes, Group(2, 2), s.precision))
-            lat_of["inter"] = cost.comm_cost(comm("p2p", "p2p", "fwd", eg.p2p_bytes, Group(2, 1), s.precision))
 
         def p2p(src: int, dst: int):
             """(latency, link demands) of sending one micro-batch's activations from ``src`` to ``dst``."""
             lvl = p2p_level(src, dst)
+            if lvl not in lat_of:  # only the levels a send uses: a one-node pipeline needs no network figures
+                lat_of[lvl] = cost.comm_cost(comm("p2p", "p2p", "fwd", eg.p2p_bytes,
+                                                  Group(2, 2 if lvl == "intra" else 1), s.precision))
             return lat_of[lvl].latency_s, [(self.link(src, lvl), eg.p2p_bytes), (self.link(dst, lvl), eg.p2p_bytes)]
         self.p2p = p2p
 

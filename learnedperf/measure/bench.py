@@ -1,0 +1,727 @@
+"""Micro-benchmarks that describe the local hardware.
+
+* :func:`describe_device` — a :class:`~learnedperf.specs.DeviceSpec` dict of the local
+  device, its throughput and memory bandwidth measured here (achieved, not data-sheet);
+* :func:`host_descriptor` — the machine around it (host, CPU, memory, software);
+* :func:`bench_collectives` — collectives timed over ``world_size`` local processes,
+  as operator records (:data:`~learnedperf.measure.records.OP_COLUMNS`);
+* :func:`fit_link` — the α-β link parameters fitted to all-reduce records.
+
+Everything runs on this machine only: helper processes are started with the
+``spawn`` method, meet through a file store in a private temporary directory (the
+TCP store of ``torch.distributed`` listens on every interface) and talk over the
+loopback interface (``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME``). They are always
+joined, terminated or killed before a function returns, error or not.
+
+torch is imported inside the functions that need it, never at module import.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import tempfile
+import time
+import traceback
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional
+
+from ..errors import InputError, LearnedPerfError
+from ..units import GiB, MiB
+from .records import OP_COLUMNS, canonical_json, host_name, now_utc
+
+
+class MeasureError(LearnedPerfError):
+    """A benchmark could not run (a helper process failed or timed out); the message says which and why."""
+
+
+#: Square GEMM sizes tried per device kind (largest first cut by the time limit).
+_GEMM_SIZES = {"cpu": (256, 512, 1024, 2048, 4096), "cuda": (1024, 2048, 4096, 8192)}
+#: Seconds one GEMM call may take before larger sizes are skipped (quick, full).
+_GEMM_CALL_LIMIT_S = (0.02, 0.15)
+
+
+# ------------------------------------------------------------ static facts
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def _cpuinfo() -> dict[str, str]:
+    """First processor block of /proc/cpuinfo (empty on systems without it)."""
+    out: dict[str, str] = {}
+    for line in _read("/proc/cpuinfo").splitlines():
+        if not line.strip():
+            if out:
+                break
+            continue
+        key, _, value = line.partition(":")
+        out.setdefault(key.strip(), value.strip())
+    return out
+
+
+def _cpu_model() -> str:
+    info = _cpuinfo()
+    return info.get("model name") or info.get("Model") or platform.processor() or platform.machine() or "unknown"
+
+
+def _slug(text: str) -> str:
+    """``Intel(R) Xeon(R) Platinum 8480+ CPU @ 2.00GHz`` -> ``intel-xeon-platinum-8480+``."""
+    text = re.sub(r"\((R|TM|r|tm)\)", "", text)
+    text = re.sub(r"@.*$", "", text)
+    text = re.sub(r"\b(CPU|Processor|processor|with.*Graphics)\b", "", text)
+    return re.sub(r"[^a-z0-9+]+", "-", text.lower()).strip("-") or "unknown"
+
+
+def _cpu_vendor() -> str:
+    vid = _cpuinfo().get("vendor_id", "")
+    return {"GenuineIntel": "intel", "AuthenticAMD": "amd"}.get(vid, vid.lower() or platform.machine() or "unknown")
+
+
+def _cache_KiB(level: int) -> float:
+    """Size in KiB of the level-``level`` data/unified cache of cpu0 (0 when unknown)."""
+    base = Path("/sys/devices/system/cpu/cpu0/cache")
+    for idx in sorted(base.glob("index*")) if base.exists() else []:
+        if _read(str(idx / "level")).strip() == str(level) and _read(str(idx / "type")).strip() in ("Data",
+                                                                                                     "Unified"):
+            size = _read(str(idx / "size")).strip()
+            m = re.fullmatch(r"(\d+)([KMG]?)", size)
+            if m:
+                return float(m.group(1)) * {"": 1 / 1024, "K": 1, "M": 1024, "G": 1024**2}[m.group(2)]
+    return 0.0
+
+
+def _cpu_clock_MHz() -> tuple[float, str]:
+    """Maximum clock from cpufreq when exposed, else the nominal ``cpu MHz`` of /proc/cpuinfo."""
+    khz = _read("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq").strip()
+    if khz.isdigit():
+        return float(khz) / 1000.0, "/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq"
+    mhz = _cpuinfo().get("cpu MHz", "")
+    try:
+        return float(mhz), "/proc/cpuinfo 'cpu MHz'"
+    except ValueError:
+        return 0.0, "not exposed by this system (0 = unknown)"
+
+
+def _physical_cores() -> int:
+    import psutil
+
+    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+
+
+def _loopback_ifname() -> str:
+    """Name of the interface that carries 127.0.0.1 (``lo`` on Linux)."""
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(getattr(a, "address", None) == "127.0.0.1" for a in addrs):
+            return name
+    return "lo"
+
+
+def host_descriptor() -> dict:
+    """The machine the measurements ran on: host, CPU, cores, memory, software, GPU if any.
+
+    Kept apart from :func:`describe_device` because DeviceSpec rejects unknown keys.
+    """
+    import psutil
+    import torch
+
+    cuda = torch.cuda.is_available()
+    return {
+        "host": host_name(),
+        "cpu_model": _cpu_model(),
+        "cpu_vendor": _cpu_vendor(),
+        "logical_cores": os.cpu_count() or 0,
+        "physical_cores": _physical_cores(),
+        "memory_GiB": round(psutil.virtual_memory().total / GiB, 2),
+        "l2_cache_per_core_KiB": _cache_KiB(2),
+        "l3_cache_KiB": _cache_KiB(3),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda_version": torch.version.cuda,
+        "cuda_device": torch.cuda.get_device_name(0) if cuda else None,
+        "cuda_device_count": torch.cuda.device_count() if cuda else 0,
+    }
+
+
+# ------------------------------------------------------------ measurement
+def _sync(torch, device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _median_time_s(torch, device: str, fn: Callable[[], Any], reps: int) -> float:
+    """Median seconds of ``reps`` calls of ``fn`` after one untimed call."""
+    import statistics
+
+    fn()
+    _sync(torch, device)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        _sync(torch, device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _plan(device: str, threads: int, quick: bool, concurrent: int) -> dict:
+    """What each (possibly concurrent) benchmark process runs, decided once so that all
+    processes take the same steps (they meet at a barrier before each).
+
+    GEMM sizes per dtype: a 256 (CUDA: 1024) probe, then larger squares while the n³ extrapolated
+    call time stays under the limit, which keeps a slow dtype (fp16 without CPU kernels) from running
+    for minutes. Bandwidth arrays: 64 MiB quick; 512 MiB (CUDA 1 GiB) otherwise, at most 1/8 of the
+    available memory per process (three arrays each).
+    """
+    import psutil
+    import torch
+
+    kind = "cuda" if device.startswith("cuda") else "cpu"
+    limit = _GEMM_CALL_LIMIT_S[0 if quick else 1]
+    sizes_all = _GEMM_SIZES[kind][:3] if quick else _GEMM_SIZES[kind]
+    dtypes = ["fp32", "bf16", "fp16"] + (["tf32"] if kind == "cuda" else [])
+    gemm: dict[str, list[int]] = {}
+    skipped: dict[str, str] = {}
+    prev = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for name in dtypes:
+            dt = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
+            n0 = sizes_all[0]
+            try:
+                with _tf32(torch, name == "tf32"):
+                    a = torch.randn(n0, n0, device=device).to(dt)
+                    t = _median_time_s(torch, device, lambda: a @ a, 2)
+            except (RuntimeError, NotImplementedError) as exc:
+                skipped[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                continue
+            # concurrent processes share the machine: leave room for the slowdown
+            gemm[name] = [n for n in sizes_all if t * (n / n0) ** 3 * concurrent <= limit] or [n0]
+    finally:
+        torch.set_num_threads(prev)
+    avail = psutil.virtual_memory().available if kind == "cpu" else torch.cuda.mem_get_info(device)[0]
+    nbytes = 64 * MiB if quick else (512 * MiB if kind == "cpu" else GiB)
+    nbytes = int(max(16 * MiB, min(nbytes, avail / (8 * 3 * max(1, concurrent if kind == "cpu" else 1)))))
+    return {"device": device, "threads": threads, "gemm_sizes": gemm, "gemm_skipped": skipped,
+            "stream_bytes": nbytes, "reps": 3 if quick else 5}
+
+
+class _tf32:
+    """Context: allow (or forbid) TF32 matmuls on CUDA, restoring the previous setting."""
+
+    def __init__(self, torch, on: bool):
+        self.torch, self.on = torch, on
+
+    def __enter__(self):
+        self.prev = self.torch.backends.cuda.matmul.allow_tf32
+        self.torch.backends.cuda.matmul.allow_tf32 = self.on
+        return self
+
+    def __exit__(self, *exc):
+        self.torch.backends.cuda.matmul.allow_tf32 = self.prev
+        return False
+
+
+def _measure(plan: dict, sync: Callable[[], None]) -> dict:
+    """Run ``plan`` in this process; ``sync()`` is called before every timed phase (a barrier
+    when several processes run at once). Returns TFLOP/s per dtype and STREAM GB/s per kernel."""
+    import torch
+
+    device, reps = plan["device"], plan["reps"]
+    prev = torch.get_num_threads()
+    torch.set_num_threads(plan["threads"])
+    out: dict[str, Any] = {"tflops": {}, "gemm_n": {}, "stream_GBps": {}}
+    try:
+        for name, sizes in plan["gemm_sizes"].items():
+            dt = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
+            best, best_n = 0.0, 0
+            for n in sizes:
+                with _tf32(torch, name == "tf32"):
+                    a = torch.randn(n, n, device=device).to(dt)
+                    b = torch.randn(n, n, device=device).to(dt)
+                    sync()
+                    t = _median_time_s(torch, device, lambda: a @ b, reps)
+                rate = 2.0 * n**3 / t / 1e12
+                if rate > best:
+                    best, best_n = rate, n
+                del a, b
+            out["tflops"][name] = best
+            out["gemm_n"][name] = best_n
+        numel = plan["stream_bytes"] // 4
+        a = torch.ones(numel, device=device)
+        b = torch.ones(numel, device=device)
+        c = torch.empty(numel, device=device)
+        c.fill_(0.0)  # first touch outside the timed region
+        sync()
+        t_copy = _median_time_s(torch, device, lambda: c.copy_(a), reps)
+        sync()
+        t_add = _median_time_s(torch, device, lambda: torch.add(a, b, out=c), reps)
+        # STREAM convention: bytes read + bytes written (no write-allocate traffic)
+        out["stream_GBps"] = {"copy": 2 * 4 * numel / t_copy / 1e9, "add": 3 * 4 * numel / t_add / 1e9}
+        del a, b, c
+    finally:
+        torch.set_num_threads(prev)
+    return out
+
+
+def _device_worker(rank: int, plan: dict, barrier, timeout_s: float, queue) -> None:
+    """Entry of one concurrent benchmark process (module level so ``spawn`` can import it)."""
+    try:
+        plan = dict(plan)
+        if plan["device"].startswith("cuda"):
+            import torch
+
+            plan["device"] = f"cuda:{rank % max(1, torch.cuda.device_count())}"
+        result = _measure(plan, lambda: barrier.wait(timeout_s))
+        queue.put((rank, "ok", result))
+    except BaseException:  # noqa: BLE001 - reported to the parent, which raises
+        barrier.abort()  # release the siblings waiting at the barrier
+        queue.put((rank, "error", traceback.format_exc(limit=5)))
+
+
+def _run_workers(target: Callable, args_of: Callable[[int, Any], tuple], n: int, timeout_s: float, what: str,
+                 barrier: bool = False) -> dict:
+    """Start ``n`` spawned processes ``target(*args_of(rank, shared_barrier), queue)`` that each put
+    one ``(rank, status, payload)`` on the queue; collect the payloads, and always tear the
+    processes down. ``shared_barrier`` is one ``Barrier(n)`` for all of them when ``barrier`` is
+    true, else None. Raises MeasureError on error or timeout."""
+    import multiprocessing as mp
+    import queue as queue_mod
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = []
+    shared = ctx.Barrier(n) if barrier else None
+    results: dict[int, Any] = {}
+    try:
+        for rank in range(n):
+            p = ctx.Process(target=target, args=(*args_of(rank, shared), q), daemon=True,
+                            name=f"learnedperf-{what}-{rank}")
+            p.start()
+            procs.append(p)
+        deadline = time.monotonic() + timeout_s
+        while len(results) < n:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise MeasureError(f"{what}: timed out after {timeout_s:.0f} s with {len(results)} of {n} "
+                                   "processes done")
+            try:
+                rank, status, payload = q.get(timeout=min(left, 1.0))
+            except queue_mod.Empty:
+                dead = [p for p in procs if p.exitcode not in (None, 0)]
+                if dead and q.empty():
+                    time.sleep(0.5)  # a last message may still be in flight
+                    if q.empty():
+                        raise MeasureError(f"{what}: process {dead[0].name} died with exit code "
+                                           f"{dead[0].exitcode}") from None
+                continue
+            if status != "ok":
+                # fail fast: the other ranks may be blocked in a collective with the failed one;
+                # the finally clause below terminates them
+                raise MeasureError(f"{what} failed on rank {rank}: {payload.strip().splitlines()[-1]}\n{payload}")
+            results[rank] = payload
+        return results
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+        q.close()
+        q.join_thread()
+
+
+def describe_device(device: str = "cpu", threads: int = 1, concurrent: int = 1, quick: bool = False) -> dict:
+    """Measure the local device and return a DeviceSpec-compatible dict.
+
+    ``peak_tflops`` holds the *achieved* dense GEMM TFLOP/s per dtype (best square size up to a
+    per-call time limit; fp32 always, bf16 / fp16 when they run, tf32 on CUDA);
+    ``memory_bandwidth_GBps`` the better of a STREAM-style copy and add over arrays much larger
+    than the caches allow (bytes read + written); ``memory_GiB`` the machine's (or GPU's) memory
+    divided among ``concurrent`` processes; ``num_sms`` the SM count on CUDA and 0 (unknown) on
+    CPU, which turns off the cost model's wave quantisation there; ``l2_cache_MiB`` the L2 of
+    the ``threads`` cores a process runs on (per-core L2 × threads) or the GPU's L2; ``clock_MHz``
+    from cpufreq or /proc/cpuinfo (0 when unknown). ``sources`` says where each value came from
+    and when.
+
+    Args:
+        device: ``"cpu"`` or ``"cuda"``.
+        threads: torch intra-op threads of one process.
+        concurrent: processes that run the benchmarks at the same time (spawned); the figures are
+            the median per process, i.e. what one rank of a ``concurrent``-process run gets.
+        quick: smaller sizes (about a second on CPU), for tests; less precise.
+
+    Raises:
+        InputError: bad arguments. MeasureError: a helper process failed.
+    """
+    import torch
+
+    if not isinstance(threads, int) or threads < 1:
+        raise InputError(f"threads: must be a positive integer, got {threads!r}")
+    if not isinstance(concurrent, int) or concurrent < 1:
+        raise InputError(f"concurrent: must be a positive integer, got {concurrent!r}")
+    if device in ("gpu", "cuda"):
+        device = "cuda"
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise InputError("device: 'cuda' asked but torch.cuda.is_available() is False")
+    elif device != "cpu":
+        raise InputError(f"device: expected 'cpu' or 'cuda', got {device!r}")
+    plan = _plan(device, threads, quick, concurrent)
+    if not plan["gemm_sizes"].get("fp32"):
+        raise MeasureError(f"fp32 matmul does not run on {device}: {plan['gemm_skipped'].get('fp32')}")
+    if concurrent == 1:
+        per_proc = [_measure(plan, lambda: None)]
+    else:
+        timeout_s = 600.0
+        results = _run_workers(_device_worker, lambda rank, bar: (rank, plan, bar, timeout_s), concurrent,
+                               timeout_s, "describe_device", barrier=True)
+        per_proc = [results[r] for r in sorted(results)]
+    return _descriptor(device, threads, concurrent, quick, plan, per_proc)
+
+
+def _descriptor(device: str, threads: int, concurrent: int, quick: bool, plan: dict, per_proc: list[dict]) -> dict:
+    import statistics
+
+    import psutil
+    import torch
+
+    date = now_utc()
+    who = (f"measured by learnedperf.measure.bench.describe_device on {date} (threads={threads}, "
+           f"concurrent={concurrent}, quick={quick}")
+    tflops = {}
+    for name in ("fp32", "tf32", "bf16", "fp16"):
+        vals = [p["tflops"][name] for p in per_proc if p["tflops"].get(name)]
+        if vals:
+            tflops[name] = round(statistics.median(vals), 6)
+    stream = {k: statistics.median(p["stream_GBps"][k] for p in per_proc) for k in ("copy", "add")}
+    bw = max(stream.values())
+    gemm_n = {k: v for k, v in per_proc[0]["gemm_n"].items() if k in tflops}
+    if device.startswith("cuda"):
+        idx = torch.device(device).index or 0
+        props = torch.cuda.get_device_properties(idx)
+        base = _slug(props.name)
+        vendor = "amd" if getattr(torch.version, "hip", None) else "nvidia"
+        mem_GiB = props.total_memory / GiB / concurrent
+        sms = int(getattr(props, "multi_processor_count", 0))
+        l2_MiB = float(getattr(props, "L2_cache_size", 0) or 0) / MiB
+        clock = float(getattr(props, "clock_rate", 0) or 0) / 1000.0  # kHz when torch exposes it
+        src_static = "torch.cuda.get_device_properties"
+        src_clock = src_static if clock else "not exposed by torch (0 = unknown)"
+        src_sms = src_static
+        src_mem = f"{src_static} total_memory / {concurrent} process(es)"
+    else:
+        base = "cpu-" + _slug(_cpu_model())
+        vendor = _cpu_vendor()
+        mem_GiB = psutil.virtual_memory().total / GiB / concurrent
+        sms = 0
+        l2_MiB = _cache_KiB(2) / 1024.0 * min(threads, _physical_cores())
+        clock, src_clock = _cpu_clock_MHz()
+        src_sms = "0 = unknown on CPU (no wave quantisation)"
+        src_mem = f"psutil total memory / {concurrent} process(es)"
+        src_static = "/sys/devices/system/cpu/cpu0/cache: per-core L2 x threads"
+    name = f"{base}-{threads}t" + (f"-x{concurrent}" if concurrent > 1 else "")
+    detail = ", ".join(f"{k} {v:.4g} at n={gemm_n.get(k)}" for k, v in tflops.items())
+    skipped = "; ".join(f"{k} not run: {v}" for k, v in plan["gemm_skipped"].items())
+    return {
+        "name": name,
+        "vendor": vendor,
+        "peak_tflops": tflops,
+        "memory_bandwidth_GBps": round(bw, 4),
+        "memory_GiB": round(mem_GiB, 3),
+        "num_sms": sms,
+        "l2_cache_MiB": round(l2_MiB, 4),
+        "clock_MHz": round(clock, 1),
+        "sources": {
+            "peak_tflops": f"{who}): achieved dense square GEMM TFLOP/s, median per process ({detail})"
+                           + (f"; {skipped}" if skipped else ""),
+            "memory_bandwidth_GBps": f"{who}): STREAM-style best of copy {stream['copy']:.4g} GB/s and add "
+                                     f"{stream['add']:.4g} GB/s over {plan['stream_bytes'] // MiB} MiB arrays, "
+                                     "bytes read + written, median per process",
+            "memory_GiB": f"{src_mem}, read on {date}",
+            "num_sms": src_sms,
+            "l2_cache_MiB": (src_static if device.startswith("cuda") else
+                             "/sys/devices/system/cpu/cpu0/cache: per-core L2 x threads") + f", read on {date}",
+            "clock_MHz": f"{src_clock}, read on {date}",
+        },
+    }
+
+
+@lru_cache(maxsize=None)
+def cached_descriptor_json(device: str = "cpu", threads: int = 1) -> str:
+    """Canonical JSON of :func:`describe_device` (full) for ``device`` and ``threads``, measured
+    once per process; the default ``device`` column of measured records."""
+    return canonical_json(describe_device(device, threads=threads))
+
+
+# ------------------------------------------------------------ collectives
+#: Collective name -> cost-model kind. A (pipelined) broadcast moves the buffer once per rank
+#: over n-1 steps, which is the cost model's ``p2p`` term (S bytes, n-1 latencies).
+COLLECTIVE_KINDS = {"allreduce": "allreduce", "allgather": "allgather", "reducescatter": "reducescatter",
+                    "broadcast": "p2p", "alltoall": "alltoall", "sendrecv": "p2p"}
+
+
+def _collective_fn(dist, torch, op: str, nbytes: int, world_size: int, rank: int, device: str):
+    """(callable, actual message bytes) of one collective over an fp32 buffer.
+
+    Message bytes follow learnedperf.graph: the full buffer for all-reduce, broadcast and
+    all-to-all; the gathered output (all-gather) or the scattered input (reduce-scatter), each rank
+    holding 1/world_size of it; for send/recv the bytes sent from rank 0 to rank 1.
+    """
+    numel = max(world_size, nbytes // 4)
+    if op in ("allgather", "reducescatter", "alltoall"):
+        numel = max(world_size, numel // world_size * world_size)
+    full = torch.ones(numel, device=device)
+    if op == "allreduce":
+        return (lambda: dist.all_reduce(full)), numel * 4
+    if op == "broadcast":
+        return (lambda: dist.broadcast(full, 0)), numel * 4
+    if op == "allgather":
+        shard = torch.ones(numel // world_size, device=device)
+        # newer torch renames the flat-tensor collectives (*_single); older ones only have *_tensor
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        return (lambda: gather(full, shard)), numel * 4
+    if op == "reducescatter":
+        shard = torch.empty(numel // world_size, device=device)
+        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        return (lambda: scatter(shard, full)), numel * 4
+    if op == "alltoall":
+        out = torch.empty_like(full)
+        return (lambda: dist.all_to_all_single(out, full)), numel * 4
+    if op == "sendrecv":
+        if rank == 0:
+            return (lambda: dist.send(full, 1)), numel * 4
+        if rank == 1:
+            return (lambda: dist.recv(full, 0)), numel * 4
+        return (lambda: None), numel * 4
+    raise InputError(f"ops: unknown collective {op!r} (known: {', '.join(COLLECTIVE_KINDS)})")
+
+
+def _collective_worker(rank: int, world_size: int, store_path: str, backend: str, ops: tuple, sizes: tuple,
+                       warmup: int, repeats: int, threads: int, timeout_s: float, queue) -> None:
+    """Entry of one collective-benchmark rank (module level so ``spawn`` can import it).
+
+    Puts ``(rank, "ok", {(op, size): ("ok", bytes, [ms...]) | ("skip", reason)})`` or
+    ``(rank, "error", traceback)`` on ``queue``; always destroys the process group.
+    """
+    from datetime import timedelta
+
+    ifname = _loopback_ifname()
+    # bind gloo / NCCL sockets to the loopback interface only
+    os.environ["GLOO_SOCKET_IFNAME"] = ifname
+    os.environ["NCCL_SOCKET_IFNAME"] = ifname
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(threads)
+    device = "cpu"
+    try:
+        if backend == "nccl":
+            device = f"cuda:{rank % torch.cuda.device_count()}"
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend, init_method=f"file://{store_path}", rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=timeout_s))
+
+        def sync() -> None:
+            if device != "cpu":
+                torch.cuda.synchronize()
+
+        out: dict = {}
+        for op in ops:
+            for size in sizes:
+                try:
+                    fn, nbytes = _collective_fn(dist, torch, op, size, world_size, rank, device)
+                    for _ in range(warmup):
+                        fn()
+                    sync()
+                    times = []
+                    for _ in range(repeats):
+                        dist.barrier()
+                        sync()
+                        t0 = time.perf_counter()
+                        fn()
+                        sync()
+                        times.append((time.perf_counter() - t0) * 1e3)
+                    out[(op, size)] = ("ok", nbytes, times)
+                except (RuntimeError, NotImplementedError, ValueError) as exc:
+                    # e.g. a backend without this collective: every rank raises before communicating
+                    out[(op, size)] = ("skip", f"{backend} {op}: {type(exc).__name__}: "
+                                               f"{str(exc).splitlines()[0][:200] if str(exc) else ''}")
+                dist.barrier()
+        queue.put((rank, "ok", out))
+    except BaseException:  # noqa: BLE001 - reported to the parent, which raises
+        queue.put((rank, "error", traceback.format_exc(limit=5)))
+    finally:
+        if dist.is_available() and dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:  # noqa: BLE001 - teardown must not mask the real error
+                pass
+
+
+def bench_collectives(world_size: int, sizes_bytes: Iterable[int], backend: Optional[str] = None,
+                      ops: Iterable[str] = ("allreduce", "allgather", "reducescatter", "broadcast"),
+                      warmup: int = 3, repeats: int = 10, threads: int = 1, timeout_s: float = 300.0,
+                      descriptor: Optional[dict] = None, skipped: Optional[list] = None) -> list[dict]:
+    """Time collectives over ``world_size`` local processes: one OP_COLUMNS record per (op, size).
+
+    Each rank runs, per message size, ``warmup`` untimed calls, then ``repeats`` calls each after a
+    barrier; a repetition's time is the slowest rank's (the collective is done when every rank
+    is), and the record holds the median, p10 and p90 over repetitions. Buffers are fp32.
+
+    Args:
+        world_size: processes (>= 2).
+        sizes_bytes: message sizes in bytes (see :func:`_collective_fn` for what "message" means per op).
+        backend: ``"gloo"`` (CPU) or ``"nccl"`` (CUDA); default nccl when CUDA is available, else gloo.
+        ops: among ``allreduce``, ``allgather``, ``reducescatter``, ``broadcast``, ``alltoall``, ``sendrecv``.
+        warmup, repeats: untimed and timed calls per (op, size).
+        threads: torch threads per process.
+        timeout_s: limit for the whole run (and the process group's own timeout).
+        descriptor: device descriptor stored in the records (default: the cached full
+            :func:`describe_device` of this machine).
+        skipped: when given, ``{"op", "bytes", "reason"}`` is appended for each (op, size) the backend
+            cannot run; a warning is issued in any case, so no skip goes unnoticed.
+
+    Raises:
+        InputError: bad arguments. MeasureError: a process failed or the run timed out.
+    """
+    import warnings
+
+    import numpy as np
+
+    sizes = tuple(int(s) for s in sizes_bytes)
+    ops = tuple(ops)
+    if not isinstance(world_size, int) or world_size < 2:
+        raise InputError(f"world_size: must be an integer >= 2, got {world_size!r}")
+    if not sizes or any(s <= 0 for s in sizes):
+        raise InputError(f"sizes_bytes: need positive sizes, got {list(sizes)}")
+    for op in ops:
+        if op not in COLLECTIVE_KINDS:
+            raise InputError(f"ops: unknown collective {op!r} (known: {', '.join(COLLECTIVE_KINDS)})")
+    if repeats < 1 or warmup < 0:
+        raise InputError(f"repeats/warmup: need repeats >= 1 and warmup >= 0, got {repeats}/{warmup}")
+    import torch
+
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend not in ("gloo", "nccl"):
+        raise InputError(f"backend: expected 'gloo' or 'nccl', got {backend!r}")
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise InputError("backend: 'nccl' needs CUDA, which is not available")
+    device = "cuda" if backend == "nccl" else "cpu"
+    desc_json = canonical_json(descriptor) if descriptor is not None else cached_descriptor_json(device, threads)
+    desc_name = json.loads(desc_json).get("name", "unknown")
+    with tempfile.TemporaryDirectory(prefix="learnedperf-dist-") as tmp:
+        store = os.path.join(tmp, "store")
+        results = _run_workers(
+            _collective_worker,
+            lambda rank, _bar: (rank, world_size, store, backend, ops, sizes, warmup, repeats, threads, timeout_s),
+            world_size, timeout_s + 30.0, "bench_collectives")
+    records = []
+    host, when = host_name(), now_utc()
+    for op in ops:
+        for size in sizes:
+            per_rank = [results[r][(op, size)] for r in range(world_size)]
+            skip = next((x for x in per_rank if x[0] == "skip"), None)
+            if skip is not None:
+                warnings.warn(f"bench_collectives: skipped {op} of {size} bytes: {skip[1]}", stacklevel=2)
+                if skipped is not None:
+                    skipped.append({"op": op, "bytes": size, "reason": skip[1]})
+                continue
+            nbytes = per_rank[0][1]
+            slowest = np.max(np.array([x[2] for x in per_rank]), axis=0)
+            params = {"timing": "max over ranks per repetition", "buffer_dtype": "fp32"}
+            if op == "sendrecv":
+                params.update(src=0, dst=1)
+            elif op == "broadcast":
+                params.update(src=0)
+            elif op in ("allreduce", "reducescatter"):
+                params.update(reduce_op="sum")
+            records.append({k: {
+                "op": op, "kind": COLLECTIVE_KINDS[op], "direction": "comm", "shape": canonical_json([nbytes]),
+                "params": canonical_json(params), "dtype": "fp32", "flops": 0.0, "bytes": float(nbytes),
+                "world_size": world_size, "time_ms": float(np.median(slowest)),
+                "time_p10_ms": float(np.percentile(slowest, 10)), "time_p90_ms": float(np.percentile(slowest, 90)),
+                "repeats": repeats, "warmup": warmup, "timer": "perf_counter", "device_name": desc_name,
+                "device": desc_json, "backend": backend, "threads": threads, "host": host, "source": "measured",
+                "measured_at": when,
+            }[k] for k in OP_COLUMNS})  # exactly the schema's columns, in its order
+    return records
+
+
+# ------------------------------------------------------------------ α-β fit
+def fit_link(records: Iterable[dict], world_size: Optional[int] = None) -> dict:
+    """Fit the α-β ring model to all-reduce records.
+
+    Model (ring all-reduce of ``S`` bytes over ``p`` ranks; Thakur et al. 2005, and the cost
+    model's :mod:`learnedperf.cost.collective`)::
+
+        time = 2(p-1)·α + 2(p-1)/p · S / B
+
+    ``α`` is the per-step latency and ``B`` the per-direction link bandwidth of one rank. The fit
+    is linear least squares in (α, 1/B), each point weighted by 1/time so that small (latency-bound)
+    and large (bandwidth-bound) messages count alike in relative terms; α is constrained to be >= 0
+    (refit of B alone when the free fit gives a negative latency).
+
+    Args:
+        records: operator records; those of kind ``allreduce`` (and of ``world_size`` when given) are used.
+        world_size: restrict to one world size (default: all, which the model covers jointly).
+
+    Returns:
+        ``{"intra_node_latency_us": α, "intra_node_bandwidth_GBps": B}`` (the run-format link keys)
+        plus ``residual_rel_rms`` and ``residual_rel_max`` (relative errors of the fit),
+        ``n_points`` and ``world_sizes``.
+
+    Raises:
+        InputError: fewer than two distinct message sizes, or a non-positive time.
+    """
+    import numpy as np
+
+    pts = []
+    for r in records:
+        if r.get("kind") != "allreduce":
+            continue
+        p = int(r["world_size"])
+        if world_size is not None and p != world_size:
+            continue
+        t = float(r["time_ms"]) * 1e-3
+        if p < 2 or t <= 0:
+            raise InputError(f"records: all-reduce record with world_size={p}, time_ms={r['time_ms']} cannot be fitted")
+        pts.append((p, float(r["bytes"]), t))
+    if len({(p, s) for p, s, _ in pts}) < 2:
+        raise InputError("records: need all-reduce records of at least two message sizes to fit latency and bandwidth")
+    p_arr = np.array([x[0] for x in pts], dtype=float)
+    s_arr = np.array([x[1] for x in pts], dtype=float)
+    t_arr = np.array([x[2] for x in pts], dtype=float)
+    A = np.column_stack([2 * (p_arr - 1), 2 * (p_arr - 1) / p_arr * s_arr])
+    w = 1.0 / t_arr
+    coef, *_ = np.linalg.lstsq(A * w[:, None], t_arr * w, rcond=None)
+    alpha, inv_bw = float(coef[0]), float(coef[1])
+    if alpha < 0:
+        alpha = 0.0
+        x = A[:, 1] * w
+        inv_bw = float(np.dot(x, t_arr * w) / np.dot(x, x))
+    if inv_bw <= 0:
+        raise InputError("records: all-reduce times do not grow with message size; bandwidth cannot be fitted")
+    pred = A @ np.array([alpha, inv_bw])
+    rel = (pred - t_arr) / t_arr
+    return {
+        "intra_node_latency_us": alpha * 1e6,
+        "intra_node_bandwidth_GBps": 1.0 / inv_bw / 1e9,
+        "residual_rel_rms": float(np.sqrt(np.mean(rel**2))),
+        "residual_rel_max": float(np.max(np.abs(rel))),
+        "n_points": len(pts),
+        "world_sizes": sorted({int(p) for p in p_arr}),
+    }

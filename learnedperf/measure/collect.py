@@ -1,0 +1,172 @@
+"""``learnedperf measure``: measure this machine end to end and store a data set.
+
+One collection, in order:
+
+1. **device**: :func:`~learnedperf.measure.bench.describe_device` for each process count the
+   steps use (1, 2, 4 processes running at once: what one rank gets when they share the machine);
+2. **collectives**: :func:`~learnedperf.measure.bench.bench_collectives` for 2 and 4 processes,
+   and an α-β fit of the all-reduce records per process count (the run's link figures);
+3. **ops**: the operator grid of :func:`~learnedperf.measure.ops.op_grid`;
+4. **steps**: the training-step grid of :func:`~learnedperf.measure.steps.step_grid`, each step's
+   run carrying the device descriptor and fitted link of its process count.
+
+Records go to ``<out>/ops_<tag>.parquet``, ``ops_<tag>_collectives.parquet`` and
+``steps_<tag>.parquet`` (``tag`` = ``cpu`` or ``cuda``, plus ``_quick`` for ``--quick``), and
+``manifest.json`` lists every file with its sha256, the host, the software, the exact command
+and every case that could not run here with the reason. A part that is not asked for leaves
+its existing file alone, so GPU and CPU collections share one directory.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+
+from ..errors import InputError, LearnedPerfError
+from .records import OP_COLUMNS, STEP_COLUMNS, host_name, now_utc, write_manifest, write_parquet
+
+PARTS = ("collectives", "ops", "steps")
+"""What a collection can measure (the device descriptors are always measured)."""
+
+#: message sizes of the collective benchmark: 4 KiB to 64 MiB, one per factor 4 (quick: 3 sizes)
+_SIZES = tuple(4096 * 4 ** i for i in range(8))
+_QUICK_SIZES = (4096, 262144, 4194304)
+
+
+def default_out(quick: bool, host: Optional[str] = None) -> Path:
+    """``datasets/measured/<host>`` (``datasets/measured-quick/<host>`` for ``--quick``), relative to the cwd."""
+    return Path("datasets") / ("measured-quick" if quick else "measured") / (host or host_name())
+
+
+def _bar(iterable: Iterable, total: int, desc: str, show: bool, unit: str = "record"):
+    """A tqdm progress bar on stderr (rate and ETA), or the bare iterable when ``show`` is false."""
+    if not show:
+        return iterable
+    from tqdm import tqdm
+
+    return tqdm(iterable, total=total, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True)
+
+
+def collect(out: str | Path, *, quick: bool = False, parts: Iterable[str] = PARTS, device: str = "cpu",
+            threads: int = 1, command: str = "", progress: bool = True,
+            log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr)) -> dict:
+    """Measure this machine and write the data set into ``out``; return the manifest.
+
+    Args:
+        out: the data set directory (created if needed).
+        quick: the small grids (a smoke test: under a minute on a 2-core CPU).
+        parts: any of :data:`PARTS`.
+        device: ``"cpu"`` or ``"cuda"``.
+        threads: torch intra-op threads per process.
+        command: the command line, stored in the manifest.
+        progress: show progress bars on stderr.
+        log: where one-line status messages go.
+
+    Raises:
+        InputError: an unknown part or device.
+    """
+    from .bench import bench_collectives, describe_device, fit_link, host_descriptor
+    from .ops import op_grid, profile_grid
+    from .steps import measure_step, step_grid
+
+    parts = tuple(parts)
+    for p in parts:
+        if p not in PARTS:
+            raise InputError(f"parts: unknown part {p!r} (known: {', '.join(PARTS)})")
+    if device not in ("cpu", "cuda"):
+        raise InputError(f"device: expected 'cpu' or 'cuda', got {device!r}")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tag = device + ("_quick" if quick else "")
+    skipped: list[dict] = []
+    started = now_utc()
+    steps = step_grid(quick) if "steps" in parts else []
+    comm_worlds = ({2} if quick else {2, 4}) if "collectives" in parts else set()
+    worlds = sorted({1} | {c.world_size for c in steps} | comm_worlds)
+    # a step's device is what one of its ranks gets: measured with its thread count and process count
+    setups = sorted({(w, threads) for w in worlds} | {(c.world_size, c.threads) for c in steps})
+
+    previous = _previous(out)
+    # links measured by an earlier collection of this device (used when collectives are not re-measured)
+    links: dict[int, dict] = {}
+    for c in previous.get("collections", []):
+        if c.get("device") == device and c.get("threads") == threads and c.get("quick") == quick:
+            links.update({int(w): v for w, v in c.get("links", {}).items()})
+    missing = sorted({c.world_size for c in steps if c.world_size > 1} - set(links) - comm_worlds)
+    if missing:
+        raise InputError(f"steps on {missing} processes need the link figures of as many processes: "
+                         "measure the collectives too (--parts collectives,steps)")
+
+    descriptors: dict[tuple[int, int], dict] = {}
+    for w, t in setups:
+        log(f"measure: device descriptor for {w} concurrent process(es) of {t} thread(s) ...")
+        descriptors[(w, t)] = describe_device(device, threads=t, concurrent=w, quick=quick)
+    devices = {w: descriptors[(w, threads)] for w in worlds}
+    files: list[str] = []
+    if "collectives" in parts:
+        comm_records: list[dict] = []
+        for w in (w for w in worlds if w > 1):
+            log(f"measure: collectives over {w} processes ...")
+            recs = bench_collectives(w, _QUICK_SIZES if quick else _SIZES, threads=threads,
+                                     descriptor=devices[w], repeats=5 if quick else 10, skipped=skipped)
+            comm_records += recs
+            fit = fit_link(recs, w)
+            links[w] = {k: fit[k] for k in ("intra_node_bandwidth_GBps", "intra_node_latency_us")}
+            log(f"measure: {w} processes: all-reduce fit {links[w]}")
+        files.append(write_parquet(comm_records, out / f"ops_{tag}_collectives.parquet", OP_COLUMNS,
+                                   "collective").name)
+    if "ops" in parts:
+        cases = op_grid(quick=quick, device=device)
+        records: list[dict] = []
+        op_skips: list[dict] = []
+
+        def skip(case, reason: str) -> None:
+            op_skips.append({"op": case.label(), "reason": reason})
+
+        bar = _bar(profile_grid(cases, device, threads=threads, descriptor=devices[1], on_skip=skip,
+                                repeats=10 if quick else 20),
+                   sum(len(c.directions) for c in cases), "operators", progress)
+        for rec in bar:
+            records.append(rec)
+        files.append(write_parquet(records, out / f"ops_{tag}.parquet", OP_COLUMNS, "operator").name)
+        skipped += op_skips
+        log(f"measure: {len(records)} operator records; {len(op_skips)} cases cannot run here (listed in the "
+            "manifest)")
+    if "steps" in parts:
+        records = []
+        failed: list[dict] = []
+        for config in _bar(steps, len(steps), "steps", progress, unit="step"):
+            w = config.world_size
+            hw = {"device": descriptors[(w, config.threads)], "devices_per_node": w, **links.get(w, {})}
+            try:
+                records.append(measure_step(config, hw))
+            except LearnedPerfError as exc:
+                # one broken configuration must not lose the others: it is listed in the manifest
+                failed.append({"step": config.label(), "reason": str(exc)})
+                log(f"measure: step {config.label()} failed: {exc}")
+        files.append(write_parquet(records, out / f"steps_{tag}.parquet", STEP_COLUMNS, "step").name)
+        skipped += failed
+        log(f"measure: {len(records)} step records ({sum(r['world_size'] > 1 for r in records)} multi-process)"
+            + (f"; {len(failed)} failed (listed in the manifest)" if failed else ""))
+
+    collection = {"started": started, "finished": now_utc(), "command": command, "device": device,
+                  "threads": threads, "quick": quick, "parts": list(parts), "files": files,
+                  "devices": {f"{w}x{t}": d for (w, t), d in descriptors.items()},
+                  "links": {str(w): v for w, v in links.items()}, "skipped": skipped}
+    # collections of other devices (e.g. a GPU lent another day) stay listed beside this one
+    history = [c for c in previous.get("collections", []) if not set(c.get("files", [])) <= set(files)]
+    manifest_path = write_manifest(out, command=command, host=host_descriptor(),
+                                   extra={"collections": history + [collection]})
+    return json.loads(manifest_path.read_text(encoding="utf-8"))
+
+
+def _previous(out: Path) -> dict:
+    path = out / "manifest.json"
+    if not path.exists():
+        return {}
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InputError(f"{path}: cannot read the existing manifest ({exc}); move it away first") from None

@@ -1,0 +1,620 @@
+"""Real PyTorch models that the measured training steps run.
+
+Every model is built from a run-format ``model`` dict, so that the record of a
+measured step describes exactly what ran:
+
+* transformers (``arch`` ``gpt``, ``llama``, ``bert``), completed by
+  :class:`learnedperf.specs.ModelSpec` (GPT: learned positions, LayerNorm, GELU
+  MLP of 4h, tied embeddings, causal; Llama: RoPE, RMSNorm, SwiGLU, grouped-query
+  attention, untied head; BERT: GPT but bidirectional). Attention is
+  :func:`torch.nn.functional.scaled_dot_product_attention` (the fused kernel);
+* an MLP (``arch`` ``mlp``) and a small ResNet-style CNN (``arch`` ``cnn``), whose
+  dicts are completed by :func:`learnedperf.measure.steps.complete_model_dict`.
+
+A transformer is written once for every layout: :class:`TransformerStage` is the
+part of the model one rank holds — a contiguous range of layers (pipeline
+parallelism; the first stage also holds the embeddings, the last the final norm,
+the head and the loss) whose weight matrices are split over ``tp`` ranks the way
+Megatron-LM splits them (column-parallel QKV and first MLP matrix, row-parallel
+output projection and second MLP matrix, vocabulary-parallel embedding, head and
+cross entropy). With ``tp = pp = 1`` it is the plain model.
+
+Weights are initialised from the *global* parameter name and a seed, full size,
+and then sliced (:func:`init_parameters`), so that any split of the same model
+holds exactly the slices of the unsharded model's weights — which is what lets
+the tests check the sharding numerically against the plain model.
+
+This module imports torch at import time; :mod:`learnedperf.measure.steps`
+imports it lazily.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import zlib
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..specs import ModelSpec
+from .steps import complete_model_dict
+
+#: Standard deviation of the normal initialisation of weight matrices and embeddings (GPT-2's 0.02).
+INIT_STD = 0.02
+
+#: Epsilon of LayerNorm / RMSNorm (PyTorch's LayerNorm default; Llama uses 1e-5 as well).
+NORM_EPS = 1e-5
+
+#: RoPE base frequency (Su et al. 2021; Llama 1/2).
+ROPE_THETA = 10000.0
+
+
+# --------------------------------------------------------------------------- parallel layout
+@dataclass(frozen=True)
+class ParallelContext:
+    """Where this rank sits in the model: its tensor-parallel slice and pipeline stage.
+
+    Attributes:
+        tp_size: ranks a layer's matrices are split over.
+        tp_rank: this rank's index among them.
+        tp_group: the process group of those ranks (``None`` when ``tp_size == 1``).
+        stage: this rank's pipeline stage.
+        num_stages: pipeline stages (``pp``).
+    """
+
+    tp_size: int = 1
+    tp_rank: int = 0
+    tp_group: Any = None
+    stage: int = 0
+    num_stages: int = 1
+
+    @property
+    def is_first_stage(self) -> bool:
+        """True on the stage that holds the embeddings."""
+        return self.stage == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        """True on the stage that holds the final norm, head and loss."""
+        return self.stage == self.num_stages - 1
+
+
+def partition_layers(num_layers: int, num_stages: int) -> list[range]:
+    """Contiguous layer ranges of the pipeline stages; earlier stages take the remainder."""
+    base, extra = divmod(num_layers, num_stages)
+    out, start = [], 0
+    for s in range(num_stages):
+        n = base + (1 if s < extra else 0)
+        out.append(range(start, start + n))
+        start += n
+    return out
+
+
+class _CopyToTensorParallel(torch.autograd.Function):
+    """Identity in forward; all-reduce of the gradient in backward (Megatron's ``f``).
+
+    Placed on the input of a column-parallel layer: every rank uses the whole
+    input, so the input's gradient is the sum of the ranks' partial gradients.
+    """
+
+    @staticmethod
+    def forward(ctx, x, group):  # noqa: D102 - autograd protocol
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: D102 - autograd protocol
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class _ReduceFromTensorParallel(torch.autograd.Function):
+    """All-reduce in forward; identity in backward (Megatron's ``g``).
+
+    Placed on the output of a row-parallel layer: each rank holds a partial sum
+    of the output, and the gradient of the full sum is the same on every rank.
+    """
+
+    @staticmethod
+    def forward(ctx, x, group):  # noqa: D102 - autograd protocol
+        # In place like Megatron (the partial sum is not needed afterwards); marked dirty so autograd knows.
+        ctx.mark_dirty(x)
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: D102 - autograd protocol
+        return grad, None
+
+
+def copy_to_tp(x: torch.Tensor, ctx: ParallelContext) -> torch.Tensor:
+    """Input of a column-parallel layer (all-reduce of its gradient when ``tp > 1``)."""
+    return _CopyToTensorParallel.apply(x, ctx.tp_group) if ctx.tp_size > 1 else x
+
+
+def reduce_from_tp(x: torch.Tensor, ctx: ParallelContext) -> torch.Tensor:
+    """Sum of the ranks' partial outputs of a row-parallel layer (all-reduce when ``tp > 1``)."""
+    return _ReduceFromTensorParallel.apply(x, ctx.tp_group) if ctx.tp_size > 1 else x
+
+
+def shard_tensor(full: torch.Tensor, dim: int, sections: list[int], rank: int, size: int) -> torch.Tensor:
+    """This rank's slice of ``full``: each section along ``dim`` is cut in ``size`` equal parts.
+
+    Sections keep fused matrices correct: a fused QKV weight is ``[q; k; v]`` and
+    rank r must get ``[q_r; k_r; v_r]``, not the r-th contiguous block.
+    """
+    parts = torch.split(full, sections, dim=dim)
+    return torch.cat([p.chunk(size, dim=dim)[rank] for p in parts], dim=dim)
+
+
+def _param(shape: tuple[int, ...], init: str, shard: Optional[tuple[int, list[int]]] = None,
+           ctx: Optional[ParallelContext] = None, init_name: Optional[str] = None) -> nn.Parameter:
+    """A parameter of the local (sharded) shape, tagged with how to initialise and shard it.
+
+    ``init`` is 'normal', 'ones' or 'zeros'; ``shard`` is ``(dim, sections)`` of the
+    full tensor or None for a replicated one; ``init_name`` overrides the global
+    name that seeds the initialisation (a tied head uses the embedding's).
+    """
+    full_shape = list(shape)
+    local = list(shape)
+    if shard is not None and ctx is not None and ctx.tp_size > 1:
+        dim, sections = shard
+        full_shape[dim] = sum(sections)
+        for s in sections:
+            if s % ctx.tp_size:
+                raise ValueError(f"section {s} of a {tuple(full_shape)} weight is not divisible by tp={ctx.tp_size}")
+        local[dim] = sum(sections) // ctx.tp_size
+    p = nn.Parameter(torch.empty(local))
+    p.lp_init = init
+    p.lp_full_shape = tuple(full_shape)
+    p.lp_shard = shard if (shard is not None and ctx is not None and ctx.tp_size > 1) else None
+    p.lp_init_name = init_name
+    return p
+
+
+class ColumnParallelLinear(nn.Module):
+    """``y = x Wᵀ + b`` with the output features (rows of W) split over the tp ranks.
+
+    ``sections`` lists the fused outputs (e.g. q, k, v) so that each is split separately.
+    """
+
+    def __init__(self, in_features: int, sections: list[int], bias: bool, ctx: ParallelContext):
+        super().__init__()
+        self.ctx = ctx
+        out_full = sum(sections)
+        self.weight = _param((out_full, in_features), "normal", (0, sections), ctx)
+        self.bias = _param((out_full,), "zeros", (0, sections), ctx) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Local slice of the output features."""
+        return F.linear(copy_to_tp(x, self.ctx), self.weight, self.bias)
+
+
+class RowParallelLinear(nn.Module):
+    """``y = x Wᵀ + b`` with the input features (columns of W) split over the tp ranks.
+
+    Each rank's product is a partial sum, all-reduced before the (replicated) bias.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, ctx: ParallelContext):
+        super().__init__()
+        self.ctx = ctx
+        self.weight = _param((out_features, in_features), "normal", (1, [in_features]), ctx)
+        self.bias = _param((out_features,), "zeros") if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Full output (identical on every tp rank)."""
+        y = reduce_from_tp(F.linear(x, self.weight), self.ctx)
+        return y + self.bias if self.bias is not None else y
+
+
+class Norm(nn.Module):
+    """LayerNorm (weight and bias) or RMSNorm (weight), replicated over tp ranks."""
+
+    def __init__(self, kind: str, hidden: int):
+        super().__init__()
+        self.kind = kind
+        self.hidden = hidden
+        self.weight = _param((hidden,), "ones")
+        self.bias = _param((hidden,), "zeros") if kind == "layernorm" else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalised ``x``."""
+        if self.kind == "layernorm":
+            return F.layer_norm(x, (self.hidden,), self.weight, self.bias, NORM_EPS)
+        return F.rms_norm(x, (self.hidden,), self.weight, NORM_EPS)
+
+
+def rope_tables(seq_length: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables ``[seq, head_dim]`` of rotary position embeddings (rotate-half layout)."""
+    inv_freq = 1.0 / (ROPE_THETA ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    freqs = torch.outer(torch.arange(seq_length, dtype=torch.float32), inv_freq)
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat([-b, a], dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` ``[batch, heads, seq, head_dim]`` by the position tables."""
+    return x * cos.to(x.dtype) + _rotate_half(x) * sin.to(x.dtype)
+
+
+class Attention(nn.Module):
+    """Multi-head (or grouped-query) self-attention; heads split over the tp ranks."""
+
+    def __init__(self, spec: ModelSpec, ctx: ParallelContext):
+        super().__init__()
+        heads, kv, hd = spec.num_attention_heads, spec.num_kv_heads, spec.head_dim
+        self.heads_local = heads // ctx.tp_size
+        self.kv_local = kv // ctx.tp_size
+        self.head_dim = hd
+        self.causal = spec.causal
+        self.rope = spec.position_embedding == "rope"
+        bias = spec.arch in ("gpt", "bert")
+        # One fused GEMM for q, k and v, as Megatron and nanoGPT do.
+        self.qkv = ColumnParallelLinear(spec.hidden_size, [heads * hd, kv * hd, kv * hd], bias, ctx)
+        self.proj = RowParallelLinear(heads * hd, spec.hidden_size, bias, ctx)
+
+    def forward(self, x: torch.Tensor, rope: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
+        """Attention output ``[batch, seq, hidden]``."""
+        b, s, _ = x.shape
+        hl, kl, hd = self.heads_local, self.kv_local, self.head_dim
+        q, k, v = self.qkv(x).split([hl * hd, kl * hd, kl * hd], dim=-1)
+        q = q.view(b, s, hl, hd).transpose(1, 2)
+        k = k.view(b, s, kl, hd).transpose(1, 2)
+        v = v.view(b, s, kl, hd).transpose(1, 2)
+        if self.rope and rope is not None:
+            cos, sin = rope
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        kwargs = {"enable_gqa": True} if hl != kl else {}
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, **kwargs)
+        return self.proj(o.transpose(1, 2).reshape(b, s, hl * hd))
+
+
+class FeedForward(nn.Module):
+    """The MLP of a layer: GELU/ReLU (2 matrices) or SwiGLU (gate and up fused, then down)."""
+
+    def __init__(self, spec: ModelSpec, ctx: ParallelContext):
+        super().__init__()
+        f, h = spec.ffn_hidden_size, spec.hidden_size
+        self.activation = spec.activation
+        bias = spec.arch in ("gpt", "bert")
+        sections = [f, f] if spec.activation == "swiglu" else [f]
+        self.fc1 = ColumnParallelLinear(h, sections, bias, ctx)
+        self.fc2 = RowParallelLinear(f, h, bias, ctx)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """MLP output ``[batch, seq, hidden]``."""
+        y = self.fc1(x)
+        if self.activation == "swiglu":
+            gate, up = y.chunk(2, dim=-1)
+            y = F.silu(gate) * up
+        elif self.activation == "gelu":
+            y = F.gelu(y, approximate="tanh")  # GPT-2's GELU
+        else:
+            y = F.relu(y)
+        return self.fc2(y)
+
+
+class TransformerLayer(nn.Module):
+    """One pre-norm transformer layer: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``."""
+
+    def __init__(self, spec: ModelSpec, ctx: ParallelContext):
+        super().__init__()
+        self.norm1 = Norm(spec.norm, spec.hidden_size)
+        self.attn = Attention(spec, ctx)
+        self.norm2 = Norm(spec.norm, spec.hidden_size)
+        self.mlp = FeedForward(spec, ctx)
+
+    def forward(self, x: torch.Tensor, rope: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
+        """The layer's output."""
+        x = x + self.attn(self.norm1(x), rope)
+        return x + self.mlp(self.norm2(x))
+
+
+def vocab_parallel_cross_entropy(logits_local: torch.Tensor, targets: torch.Tensor, ctx: ParallelContext,
+                                 vocab_size: int) -> torch.Tensor:
+    """Mean cross entropy over logits whose vocabulary is split over the tp ranks (Megatron's).
+
+    The full ``[tokens, vocab]`` logits never exist on one rank: the ranks
+    all-reduce the maximum, the sum of exponentials and the target's logit.
+    With ``tp == 1`` this is :func:`torch.nn.functional.cross_entropy`.
+    """
+    logits = logits_local.float()
+    if ctx.tp_size == 1:
+        return F.cross_entropy(logits.reshape(-1, vocab_size), targets.reshape(-1))
+    v_local = logits.shape[-1]
+    start = ctx.tp_rank * v_local
+    # The global max only shifts the exponent for stability; it needs no gradient.
+    shift = logits.detach().amax(dim=-1, keepdim=True)
+    dist.all_reduce(shift, op=dist.ReduceOp.MAX, group=ctx.tp_group)
+    shifted = logits - shift
+    sum_exp = reduce_from_tp(shifted.exp().sum(dim=-1), ctx)
+    local_t = targets - start
+    outside = (local_t < 0) | (local_t >= v_local)
+    picked = shifted.gather(-1, local_t.clamp(0, v_local - 1).unsqueeze(-1)).squeeze(-1)
+    target_logit = reduce_from_tp(picked.masked_fill(outside, 0.0), ctx)
+    return (sum_exp.log() - target_logit).mean()
+
+
+class TransformerStage(nn.Module):
+    """The part of a GPT / Llama / BERT model that one rank holds.
+
+    ``forward(x, targets)`` takes token ids ``[batch, seq]`` on the first stage
+    (hidden states ``[batch, seq, hidden]`` otherwise) and returns the mean
+    cross-entropy loss on the last stage (hidden states otherwise).
+
+    Args:
+        model: run-format model dict (completed with ModelSpec's defaults).
+        ctx: tensor-parallel slice and pipeline stage of this rank.
+        recompute: 'none' or 'full' (every layer's activations recomputed in backward,
+            :func:`torch.utils.checkpoint.checkpoint` per layer).
+    """
+
+    def __init__(self, model: dict, ctx: ParallelContext = ParallelContext(), recompute: str = "none"):
+        super().__init__()
+        spec = ModelSpec.parse(model, "model")
+        self.spec = spec
+        self.ctx = ctx
+        self.recompute = recompute
+        layers = partition_layers(spec.num_layers, ctx.num_stages)[ctx.stage]
+        self.layer_offset = layers.start
+        h, v = spec.hidden_size, spec.vocab_size
+        vocab_shard = (0, [v])
+        if ctx.is_first_stage:
+            self.embed = _param((v, h), "normal", vocab_shard, ctx)
+            self.pos = _param((spec.seq_length, h), "normal") if spec.position_embedding == "learned" else None
+        self.layers = nn.ModuleList(TransformerLayer(spec, ctx) for _ in layers)
+        if ctx.is_last_stage:
+            self.norm = Norm(spec.norm, h)
+            if not spec.tie_embeddings:
+                self.head = _param((v, h), "normal", vocab_shard, ctx, init_name="head")
+            elif not ctx.is_first_stage:
+                # A tied head on another stage is a copy of the embedding (same init), kept equal by an
+                # all-reduce of the two gradients between the first and last stage (as Megatron does).
+                self.head = _param((v, h), "normal", vocab_shard, ctx, init_name="embed")
+            else:
+                self.head = None
+        if spec.position_embedding == "rope":
+            cos, sin = rope_tables(spec.seq_length, spec.head_dim)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+
+    # ------------------------------------------------------------------ forward
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        ctx = self.ctx
+        if ctx.tp_size == 1:
+            x = F.embedding(ids, self.embed)
+        else:
+            v_local = self.embed.shape[0]
+            local = ids - ctx.tp_rank * v_local
+            outside = (local < 0) | (local >= v_local)
+            x = F.embedding(local.clamp(0, v_local - 1), self.embed).masked_fill(outside.unsqueeze(-1), 0.0)
+            x = reduce_from_tp(x, ctx)
+        if self.pos is not None:
+            x = x + self.pos[: ids.shape[1]]
+        return x
+
+    def head_weight(self) -> torch.Tensor:
+        """The (local slice of the) output projection: the embedding when tied on a one-stage model."""
+        return self.head if self.head is not None else self.embed
+
+    def forward(self, x: torch.Tensor, targets: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Loss on the last stage, hidden states on the others."""
+        if self.ctx.is_first_stage:
+            x = self._embed(x)
+        rope = (self.rope_cos[: x.shape[1]], self.rope_sin[: x.shape[1]]) if hasattr(self, "rope_cos") else None
+        for layer in self.layers:
+            if self.recompute == "full" and torch.is_grad_enabled():
+                from torch.utils.checkpoint import checkpoint
+
+                x = checkpoint(layer, x, rope, use_reentrant=False)
+            else:
+                x = layer(x, rope)
+        if not self.ctx.is_last_stage:
+            return x
+        if targets is None:
+            raise ValueError("the last pipeline stage needs targets to compute the loss")
+        x = self.norm(x)
+        logits = F.linear(copy_to_tp(x, self.ctx), self.head_weight())
+        return vocab_parallel_cross_entropy(logits, targets, self.ctx, self.spec.vocab_size)
+
+    # ------------------------------------------------------------------ helpers
+    def global_name(self, name: str) -> str:
+        """Name of a local parameter in the unsharded, one-stage model (layer indices made global)."""
+        m = re.match(r"layers\.(\d+)\.(.*)", name)
+        if m:
+            return f"layers.{int(m.group(1)) + self.layer_offset}.{m.group(2)}"
+        return name
+
+    def shard_units(self) -> list[nn.Module]:
+        """Sub-modules FSDP wraps one by one (the layers)."""
+        return list(self.layers)
+
+    def tied_parameter(self) -> Optional[nn.Parameter]:
+        """The embedding copy whose gradient is all-reduced between first and last stage, if any."""
+        if not self.spec.tie_embeddings or self.ctx.num_stages == 1:
+            return None
+        return self.embed if self.ctx.is_first_stage else (self.head if self.ctx.is_last_stage else None)
+
+
+# --------------------------------------------------------------------------- non-transformers
+class MLPModel(nn.Module):
+    """A plain MLP classifier: ``num_layers`` hidden Linear+ReLU layers, then a Linear to the classes."""
+
+    def __init__(self, model: dict):
+        super().__init__()
+        m = complete_model_dict(model)
+        self.config = m
+        dims = [m["input_size"]] + [m["hidden_size"]] * m["num_layers"]
+        self.hidden = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
+        self.out = nn.Linear(dims[-1], m["num_classes"])
+        for lin in [*self.hidden, self.out]:
+            _tag_linear(lin)
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy loss of the batch."""
+        for lin in self.hidden:
+            x = F.relu(lin(x))
+        return F.cross_entropy(self.out(x).float(), targets)
+
+    def global_name(self, name: str) -> str:
+        """Parameter names are already global (no sharding)."""
+        return name
+
+    def shard_units(self) -> list[nn.Module]:
+        """Sub-modules FSDP wraps one by one."""
+        return [*self.hidden, self.out]
+
+
+class BasicBlock(nn.Module):
+    """ResNet basic block: two 3x3 conv + BatchNorm, identity or 1x1 projection shortcut."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c_out)
+        self.shortcut = None
+        if stride != 1 or c_in != c_out:
+            self.shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride, bias=False), nn.BatchNorm2d(c_out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Block output."""
+        y = F.relu(self.bn1(self.conv1(x)))
+        y = self.bn2(self.conv2(y))
+        return F.relu(y + (x if self.shortcut is None else self.shortcut(x)))
+
+
+class CNNModel(nn.Module):
+    """A small ResNet: 3x3 stem, ``num_stages`` stages of ``blocks_per_stage`` basic blocks
+    (channels doubling, stride 2 from the second stage), global average pool, Linear head."""
+
+    def __init__(self, model: dict):
+        super().__init__()
+        m = complete_model_dict(model)
+        self.config = m
+        c = m["base_channels"]
+        self.stem = nn.Sequential(nn.Conv2d(m["in_channels"], c, 3, 1, 1, bias=False), nn.BatchNorm2d(c), nn.ReLU())
+        blocks = []
+        c_in = c
+        for s in range(m["num_stages"]):
+            c_out = c * 2 ** s
+            for b in range(m["blocks_per_stage"]):
+                blocks.append(BasicBlock(c_in, c_out, 2 if (s > 0 and b == 0) else 1))
+                c_in = c_out
+        self.blocks = nn.ModuleList(blocks)
+        self.fc = nn.Linear(c_in, m["num_classes"])
+        for mod in self.modules():
+            if isinstance(mod, (nn.Conv2d, nn.Linear)):
+                _tag_linear(mod)
+            elif isinstance(mod, nn.BatchNorm2d):
+                mod.weight.lp_init, mod.bias.lp_init = "ones", "zeros"
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy loss of the batch."""
+        x = self.stem(x)
+        for block in self.blocks:
+            x = block(x)
+        return F.cross_entropy(self.fc(x.mean(dim=(2, 3))).float(), targets)
+
+    def global_name(self, name: str) -> str:
+        """Parameter names are already global (no sharding)."""
+        return name
+
+    def shard_units(self) -> list[nn.Module]:
+        """Sub-modules FSDP wraps one by one."""
+        return list(self.blocks)
+
+
+def _tag_linear(mod: nn.Module) -> None:
+    # He-style scale keeps ReLU networks' activations O(1); the std only matters for loss values, not timing.
+    fan_in = mod.weight[0].numel()
+    mod.weight.lp_init = f"normal:{math.sqrt(2.0 / fan_in)}"
+    if getattr(mod, "bias", None) is not None:
+        mod.bias.lp_init = "zeros"
+
+
+# --------------------------------------------------------------------------- building
+def init_parameters(module: nn.Module, seed: int = 0) -> None:
+    """Initialise every parameter from ``seed`` and its global name, full size, then take this rank's slice.
+
+    The same (seed, name) gives the same full tensor on every rank and in every
+    layout, so a tp- or pp-split model holds exactly the unsharded model's weights.
+    """
+    name_of = getattr(module, "global_name", lambda n: n)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            key = getattr(p, "lp_init_name", None) or name_of(name)
+            init = getattr(p, "lp_init", "normal")
+            full_shape = getattr(p, "lp_full_shape", tuple(p.shape))
+            gen = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{key}".encode()))
+            if init == "ones":
+                full = torch.ones(full_shape)
+            elif init == "zeros":
+                full = torch.zeros(full_shape)
+            else:
+                std = float(init.split(":", 1)[1]) if ":" in init else INIT_STD
+                full = torch.empty(full_shape).normal_(0.0, std, generator=gen)
+            shard = getattr(p, "lp_shard", None)
+            ctx = getattr(module, "ctx", None)
+            if shard is not None and ctx is not None:
+                full = shard_tensor(full, shard[0], shard[1], ctx.tp_rank, ctx.tp_size)
+            p.copy_(full)
+
+
+def build_model(model: dict, ctx: ParallelContext = ParallelContext(), recompute: str = "none",
+                seed: int = 0) -> nn.Module:
+    """Build and initialise the model (or this rank's part of it) described by a run-format model dict.
+
+    Args:
+        model: run-format model dict (``arch`` gpt / llama / bert / mlp / cnn).
+        ctx: tensor-parallel slice and pipeline stage (transformers only).
+        recompute: 'none' or 'full' activation recomputation (transformers only).
+        seed: seed of the weights (same seed → same weights in every layout).
+    """
+    m = complete_model_dict(model)
+    if m["arch"] == "mlp":
+        net: nn.Module = MLPModel(m)
+    elif m["arch"] == "cnn":
+        net = CNNModel(m)
+    else:
+        net = TransformerStage(m, ctx, recompute)
+    init_parameters(net, seed)
+    return net
+
+
+def make_batch(model: dict, micro_batch_size: int, seed: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random inputs and targets of one micro-batch, a function of (seed, index) only.
+
+    Transformers: token ids ``[b, seq]`` and target ids; MLP: features ``[b, input_size]``;
+    CNN: images ``[b, C, H, W]``; targets are class ids.
+    """
+    m = complete_model_dict(model)
+    gen = torch.Generator().manual_seed(zlib.crc32(f"batch:{seed}:{index}".encode()))
+    b = micro_batch_size
+    if m["arch"] == "mlp":
+        x = torch.randn(b, m["input_size"], generator=gen)
+        return x, torch.randint(0, m["num_classes"], (b,), generator=gen)
+    if m["arch"] == "cnn":
+        s = m["image_size"]
+        x = torch.randn(b, m["in_channels"], s, s, generator=gen)
+        return x, torch.randint(0, m["num_classes"], (b,), generator=gen)
+    v, s = m["vocab_size"], m["seq_length"]
+    return (torch.randint(0, v, (b, s), generator=gen), torch.randint(0, v, (b, s), generator=gen))
+
+
+def count_parameters(module: nn.Module) -> int:
+    """Number of (local) parameter elements of a module."""
+    return sum(p.numel() for p in module.parameters())

@@ -1,0 +1,1035 @@
+"""Measured training steps: whole iterations of real models under real strategies.
+
+A :class:`StepConfig` names a model (run-format dict), a number of processes and
+a strategy in the run format's keys; :func:`measure_step` runs it and returns one
+step record (exactly :data:`learnedperf.measure.records.STEP_COLUMNS`), whose
+``run`` column is the run-format JSON of what ran.
+
+Strategies, on CPU with ``torch.distributed`` over gloo (``tcp://127.0.0.1``),
+one process per rank started by :func:`torch.multiprocessing.start_processes`
+(``forkserver`` start method, torch preloaded; see :func:`_preload_forkserver`):
+
+* ``single`` — one process, no process group;
+* ``dp`` — :class:`torch.nn.parallel.DistributedDataParallel`, ``bucket_cap_mb =
+  grad_bucket_size_MiB``, gradient accumulation under ``no_sync``;
+* ``tp`` — Megatron-style tensor parallelism written in
+  :mod:`learnedperf.measure.models` (column/row-parallel layers, vocabulary-parallel
+  embedding, head and cross entropy); with ``dp`` the TP model is wrapped in DDP
+  over the data-parallel group;
+* ``pp`` — pipeline stages exchanging activations and gradients with
+  ``torch.distributed`` send/recv, GPipe (all forwards, then all backwards) or
+  1F1B (Narayanan et al. 2021, non-interleaved); ``global_batch_size /
+  (dp·micro_batch_size)`` micro-batches; tied embeddings kept equal by an
+  all-reduce between first and last stage; with ``dp`` gradients are all-reduced
+  in ``grad_bucket_size_MiB`` buckets after the pipeline flush;
+* ``zero`` — ZeRO stage 1 with :class:`torch.distributed.optim.ZeroRedundancyOptimizer`
+  over DDP; stage 2 with FSDP2 ``fully_shard(reshard_after_forward=False)`` (the
+  SHARD_GRAD_OP layout);
+* ``fsdp`` — FSDP2 ``fully_shard`` per layer and at the root (FULL_SHARD; ZeRO-3).
+
+Timing: a barrier, then ``time.perf_counter`` around one whole iteration (every
+micro-batch's forward and backward, the gradient communication and the optimizer
+step); ``warmup`` untimed iterations, then ``repeats`` timed ones. The time of an
+iteration is the maximum over ranks; the record keeps its median, 10th and 90th
+percentile. Peak memory is the largest peak RSS over ranks.
+
+Importing this module does not import torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from ..errors import InputError, LearnedPerfError, SpecError
+from .records import STEP_COLUMNS, canonical_json, host_name, now_utc, run_id
+
+#: Architectures built as transformers from :class:`learnedperf.specs.ModelSpec`.
+TRANSFORMER_ARCHS = ("gpt", "llama", "bert")
+
+#: Architectures that are not ModelSpec archs (the simulator skips their runs).
+OTHER_ARCHS = ("mlp", "cnn")
+
+#: Defaults of the MLP's run-format model dict.
+MLP_DEFAULTS = {"name": "mlp", "input_size": 1024, "hidden_size": 1024, "num_layers": 4, "num_classes": 1000}
+
+#: Defaults of the CNN's (small ResNet) run-format model dict.
+CNN_DEFAULTS = {"name": "cnn", "image_size": 32, "in_channels": 3, "base_channels": 32, "num_stages": 3,
+                "blocks_per_stage": 2, "num_classes": 100}
+
+#: Strategy keys a measured step understands, with their defaults (run-format names).
+STRATEGY_DEFAULTS: dict[str, Any] = {
+    "tp": 1, "pp": 1, "dp": None, "micro_batch_size": 1, "global_batch_size": None,
+    "pipeline_schedule": "1f1b", "zero_stage": 0, "fsdp": False, "grad_bucket_size_MiB": 25.0,
+    "precision": "fp32", "recompute": "none", "optimizer": "adam",
+}
+
+# --------------------------------------------------------------------------- model dicts
+def _positive_int(value: Any, field_name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(f"{field_name}: expected a positive integer, got {value!r}")
+    return value
+
+
+def complete_model_dict(model: Any) -> dict:
+    """The complete run-format model dict of a measured model (defaults filled in).
+
+    Transformers (``gpt``, ``llama``, ``bert``) are completed by
+    :class:`~learnedperf.specs.ModelSpec`; ``mlp`` and ``cnn`` by
+    :data:`MLP_DEFAULTS` / :data:`CNN_DEFAULTS`.
+
+    Raises:
+        InputError: naming the offending ``model.<field>``.
+    """
+    if not isinstance(model, dict):
+        raise InputError(f"model: expected a run-format model dict, got {type(model).__name__}")
+    arch = model.get("arch")
+    if arch in TRANSFORMER_ARCHS:
+        from ..specs import ModelSpec
+
+        try:
+            return ModelSpec.parse(model, "model").to_dict()
+        except SpecError as exc:
+            raise InputError(str(exc)) from None
+    if arch in OTHER_ARCHS:
+        defaults = MLP_DEFAULTS if arch == "mlp" else CNN_DEFAULTS
+        out: dict[str, Any] = {"arch": arch, **defaults}
+        for key, value in model.items():
+            if key == "arch":
+                continue
+            if key not in defaults:
+                raise InputError(f"model.{key}: unknown field of arch {arch!r} (known: {sorted(defaults)})")
+            out[key] = value
+        for key in defaults:
+            if key == "name":
+                if not isinstance(out["name"], str):
+                    raise InputError("model.name: expected a string")
+            else:
+                _positive_int(out[key], f"model.{key}")
+        return out
+    raise InputError(f"model.arch: measured steps build {list(TRANSFORMER_ARCHS + OTHER_ARCHS)}, got {arch!r}")
+
+
+# --------------------------------------------------------------------------- configs
+@dataclass(frozen=True)
+class StepConfig:
+    """One measured step: model × processes × strategy, and how to time it.
+
+    Attributes:
+        model: run-format model dict (``arch`` gpt / llama / bert / mlp / cnn).
+        world_size: processes (ranks).
+        strategy: run-format strategy keys (see :data:`STRATEGY_DEFAULTS`): ``tp``,
+            ``pp``, ``dp``, ``micro_batch_size``, ``global_batch_size``,
+            ``pipeline_schedule`` ('gpipe' | '1f1b'), ``zero_stage`` (0-3), ``fsdp``,
+            ``grad_bucket_size_MiB``, ``precision`` ('fp32' | 'bf16'), ``recompute``
+            ('none' | 'full'), ``optimizer`` ('adam' | 'sgd').
+        warmup: untimed iterations before timing.
+        repeats: timed iterations.
+        threads: torch intra-op threads per process.
+        seed: seed of weights and data.
+        profile: also profile one extra iteration on rank 0 with torch.profiler (``per_op`` column).
+        timeout_s: wall-clock limit of the whole measurement (processes are killed past it).
+        learning_rate: of the optimizer; it does not change the time of a step (correctness
+            checks raise it so that a wrong gradient visibly changes the next loss).
+    """
+
+    model: dict
+    world_size: int = 1
+    strategy: dict = field(default_factory=dict)
+    warmup: int = 2
+    repeats: int = 5
+    threads: int = 1
+    seed: int = 0
+    profile: bool = False
+    timeout_s: float = 300.0
+    learning_rate: float = 1e-4
+
+    def label(self) -> str:
+        """Short human-readable description, used in progress lines and error messages."""
+        name = self.model.get("name", self.model.get("arch", "?")) if isinstance(self.model, dict) else "?"
+        s = self.strategy or {}
+        keys = [f"{k}={s[k]}" for k in sorted(s)]
+        if self.threads != 1:
+            keys.append(f"threads={self.threads}")
+        return f"{name} world={self.world_size} " + (" ".join(keys) if keys else "default strategy")
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """A validated :class:`StepConfig` with everything derived (what the ranks execute).
+
+    Attributes:
+        model: complete model dict.
+        strategy: complete strategy (every key of :data:`STRATEGY_DEFAULTS`, ``dp`` and
+            ``global_batch_size`` resolved).
+        world_size, tp, pp, dp: process counts.
+        num_microbatches: micro-batches per data-parallel rank per iteration.
+        kind: strategy kind ('single', 'dp', 'tp', 'pp', 'zero', 'fsdp', 'tp+dp', ...).
+        warmup, repeats, threads, seed, profile, timeout_s, learning_rate: from the config.
+        label: the config's label.
+    """
+
+    model: dict
+    strategy: dict
+    world_size: int
+    tp: int
+    pp: int
+    dp: int
+    num_microbatches: int
+    kind: str
+    warmup: int
+    repeats: int
+    threads: int
+    seed: int
+    profile: bool
+    timeout_s: float
+    learning_rate: float
+    label: str
+
+    @property
+    def is_transformer(self) -> bool:
+        """True for gpt / llama / bert."""
+        return self.model["arch"] in TRANSFORMER_ARCHS
+
+    @property
+    def sharded_dp(self) -> Optional[str]:
+        """'zero1', 'zero2' or 'fsdp' (FULL_SHARD) when the data-parallel ranks shard state, else None."""
+        s = self.strategy
+        if s["fsdp"] or s["zero_stage"] == 3:
+            return "fsdp"
+        return {1: "zero1", 2: "zero2"}.get(s["zero_stage"])
+
+
+def plan_step(config: StepConfig) -> StepPlan:
+    """Validate a config and derive what to run, before any process starts.
+
+    Raises:
+        InputError: one message naming the field (``strategy.tp``, ``strategy.dp``,
+            ``strategy.pp``, ``strategy.global_batch_size``, ``model.<field>`` ...) and the config.
+    """
+    if not isinstance(config, StepConfig):
+        raise InputError(f"expected a StepConfig, got {type(config).__name__}")
+    label = config.label()
+
+    def bad(field_name: str, message: str) -> InputError:
+        return InputError(f"{field_name}: {message} (step config: {label})")
+
+    try:
+        model = complete_model_dict(config.model)
+    except InputError as exc:
+        raise InputError(f"{exc} (step config: {label})") from None
+    world = config.world_size
+    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+        raise bad("world_size", f"expected a positive integer, got {world!r}")
+    if not isinstance(config.learning_rate, (int, float)) or not config.learning_rate > 0:
+        raise bad("learning_rate", f"expected a positive number, got {config.learning_rate!r}")
+    if not isinstance(config.timeout_s, (int, float)) or not config.timeout_s > 0:
+        raise bad("timeout_s", f"expected a positive number, got {config.timeout_s!r}")
+    for name in ("warmup", "repeats", "threads", "seed"):
+        value, least = getattr(config, name), (1 if name in ("repeats", "threads") else 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise bad(name, f"expected an integer >= {least}, got {value!r}")
+    if not isinstance(config.strategy, dict):
+        raise bad("strategy", "expected a dict of run-format strategy keys")
+    for key in config.strategy:
+        if key not in STRATEGY_DEFAULTS:
+            raise bad(f"strategy.{key}", f"not supported by measured steps (known: {sorted(STRATEGY_DEFAULTS)})")
+    s = {**STRATEGY_DEFAULTS, **{k: v for k, v in config.strategy.items() if v is not None}}
+    for key in ("tp", "pp", "micro_batch_size"):
+        if isinstance(s[key], bool) or not isinstance(s[key], int) or s[key] < 1:
+            raise bad(f"strategy.{key}", f"expected a positive integer, got {s[key]!r}")
+    tp, pp, mbs = s["tp"], s["pp"], s["micro_batch_size"]
+    if world % (tp * pp):
+        raise bad("strategy.tp" if world % tp else "strategy.pp",
+                  f"tp·pp = {tp}·{pp} = {tp * pp} does not divide world_size = {world}")
+    dp = s["dp"] if s["dp"] is not None else world // (tp * pp)
+    if isinstance(dp, bool) or not isinstance(dp, int) or dp < 1:
+        raise bad("strategy.dp", f"expected a positive integer, got {dp!r}")
+    if tp * pp * dp != world:
+        raise bad("strategy.dp", f"tp·pp·dp = {tp}·{pp}·{dp} = {tp * pp * dp} but world_size = {world}")
+    gbs = s["global_batch_size"] if s["global_batch_size"] is not None else mbs * dp
+    if isinstance(gbs, bool) or not isinstance(gbs, int) or gbs < 1:
+        raise bad("strategy.global_batch_size", f"expected a positive integer, got {gbs!r}")
+    if gbs % (mbs * dp):
+        raise bad("strategy.global_batch_size",
+                  f"{gbs} is not divisible by micro_batch_size·dp = {mbs}·{dp} = {mbs * dp}")
+    if s["pipeline_schedule"] not in ("gpipe", "1f1b"):
+        raise bad("strategy.pipeline_schedule", f"expected 'gpipe' or '1f1b', got {s['pipeline_schedule']!r}")
+    if s["zero_stage"] not in (0, 1, 2, 3) or isinstance(s["zero_stage"], bool):
+        raise bad("strategy.zero_stage", f"expected 0, 1, 2 or 3, got {s['zero_stage']!r}")
+    if not isinstance(s["fsdp"], bool):
+        raise bad("strategy.fsdp", f"expected true or false, got {s['fsdp']!r}")
+    if s["fsdp"] and s["zero_stage"] in (1, 2):
+        raise bad("strategy.fsdp", f"fsdp (full sharding) contradicts zero_stage={s['zero_stage']}")
+    bucket = s["grad_bucket_size_MiB"]
+    if isinstance(bucket, bool) or not isinstance(bucket, (int, float)) or not bucket > 0:
+        raise bad("strategy.grad_bucket_size_MiB", f"expected a positive number, got {bucket!r}")
+    s["grad_bucket_size_MiB"] = float(bucket)
+    if s["precision"] not in ("fp32", "bf16"):
+        raise bad("strategy.precision", f"measured steps run 'fp32' or 'bf16' (autocast), got {s['precision']!r}")
+    if s["recompute"] not in ("none", "full"):
+        raise bad("strategy.recompute", f"expected 'none' or 'full', got {s['recompute']!r}")
+    if s["optimizer"] not in ("adam", "sgd"):
+        raise bad("strategy.optimizer", f"expected 'adam' or 'sgd', got {s['optimizer']!r}")
+    arch = model["arch"]
+    if arch in TRANSFORMER_ARCHS:
+        heads, kv = model["num_attention_heads"], model["num_kv_heads"]
+        if heads % tp:
+            raise bad("strategy.tp", f"tp={tp} does not divide num_attention_heads={heads}")
+        if kv % tp:
+            # Megatron replicates k/v heads when tp > num_kv_heads; these models do not.
+            raise bad("strategy.tp", f"tp={tp} does not divide num_kv_heads={kv}")
+        if model["ffn_hidden_size"] % tp:
+            raise bad("strategy.tp", f"tp={tp} does not divide ffn_hidden_size={model['ffn_hidden_size']}")
+        if model["vocab_size"] % tp:
+            raise bad("strategy.tp", f"tp={tp} does not divide vocab_size={model['vocab_size']} "
+                                     "(the embedding and head are vocabulary-parallel)")
+        if model["position_embedding"] == "rope" and (model["hidden_size"] // heads) % 2:
+            raise bad("model.hidden_size", f"rotary embeddings need an even head_dim, got "
+                                           f"hidden_size/num_attention_heads = {model['hidden_size'] // heads}")
+        if model["num_layers"] < pp:
+            raise bad("strategy.pp", f"pp={pp} exceeds num_layers={model['num_layers']}")
+    else:
+        if tp > 1:
+            raise bad("strategy.tp", f"tensor parallelism is implemented for {list(TRANSFORMER_ARCHS)} only")
+        if pp > 1:
+            raise bad("strategy.pp", f"pipeline parallelism is implemented for {list(TRANSFORMER_ARCHS)} only")
+        if s["recompute"] != "none":
+            raise bad("strategy.recompute", f"recomputation is implemented for {list(TRANSFORMER_ARCHS)} only")
+    sharded = s["fsdp"] or s["zero_stage"] > 0
+    if sharded and (tp > 1 or pp > 1):
+        raise bad("strategy.fsdp" if s["fsdp"] else "strategy.zero_stage",
+                  "ZeRO / FSDP are measured with pure data parallelism (tp = pp = 1)")
+    if sharded and dp < 2:
+        raise bad("strategy.fsdp" if s["fsdp"] else "strategy.zero_stage", "needs dp >= 2 (nothing to shard)")
+    s.update(dp=dp, global_batch_size=gbs)
+    if world == 1:
+        kind = "single"
+    elif s["fsdp"] or s["zero_stage"] == 3:
+        kind = "fsdp"
+    elif s["zero_stage"] > 0:
+        kind = "zero"
+    else:
+        kind = "+".join(k for k, n in (("tp", tp), ("pp", pp), ("dp", dp)) if n > 1)
+    return StepPlan(model=model, strategy=s, world_size=world, tp=tp, pp=pp, dp=dp,
+                    num_microbatches=gbs // (mbs * dp), kind=kind, warmup=config.warmup, repeats=config.repeats,
+                    threads=config.threads, seed=config.seed, profile=bool(config.profile),
+                    timeout_s=float(config.timeout_s), learning_rate=float(config.learning_rate), label=label)
+
+
+def run_dict(config: StepConfig, hardware: dict) -> dict:
+    """The run-format dict of a config on ``hardware`` (``num_devices`` set to the world size).
+
+    The strategy states everything that shaped the step: parallel sizes, batch,
+    precision, fused attention (SDPA), recomputation, ZeRO / FSDP, the gradient
+    bucket and whether gradient reduction overlapped backward.
+    """
+    plan = plan_step(config)
+    return _run_dict(plan, hardware)
+
+
+def _run_dict(plan: StepPlan, hardware: dict) -> dict:
+    if not isinstance(hardware, dict):
+        raise InputError(f"hardware: expected a run-format hardware dict, got {type(hardware).__name__}")
+    hw = dict(hardware)
+    hw["num_devices"] = plan.world_size
+    hw.setdefault("devices_per_node", plan.world_size)
+    s = plan.strategy
+    sharded = plan.sharded_dp
+    # DDP (also under ZeRO-1) reduces buckets while backward runs; FSDP2 reduce-scatters per layer in
+    # backward. The pipeline's data-parallel all-reduce runs after the flush, and one replica reduces nothing.
+    overlap_grad = plan.dp > 1 and plan.pp == 1
+    strategy = {
+        "tp": plan.tp, "pp": plan.pp, "dp": plan.dp,
+        "micro_batch_size": s["micro_batch_size"], "global_batch_size": s["global_batch_size"],
+        "pipeline_schedule": s["pipeline_schedule"], "zero_stage": 3 if sharded == "fsdp" else s["zero_stage"],
+        "fsdp": bool(s["fsdp"]), "recompute": s["recompute"], "precision": s["precision"],
+        "flash_attention": True, "grad_bucket_size_MiB": s["grad_bucket_size_MiB"],
+        "overlap_grad_reduce": overlap_grad,
+        # FSDP2 issues each all-gather in the layer's pre-forward hook and waits for it there (no
+        # explicit prefetch is configured, and CPU has no side streams), so gathers are not overlapped.
+        "overlap_param_gather": False if sharded in ("zero2", "fsdp") else True,
+        "optimizer": s["optimizer"],
+    }
+    return {"model": dict(plan.model), "hardware": hw, "strategy": strategy}
+
+
+# --------------------------------------------------------------------------- rank layout
+def rank_coords(rank: int, tp: int, dp: int, pp: int) -> tuple[int, int, int]:
+    """(tp_rank, dp_rank, pp_rank) of a global rank: tp varies fastest, then dp, then pp (Megatron's order)."""
+    return rank % tp, (rank // tp) % dp, rank // (tp * dp)
+
+
+def global_rank(tp_rank: int, dp_rank: int, pp_rank: int, tp: int, dp: int) -> int:
+    """Global rank of (tp_rank, dp_rank, pp_rank); inverse of :func:`rank_coords`."""
+    return tp_rank + tp * (dp_rank + dp * pp_rank)
+
+
+def schedule(kind: str, stage: int, num_stages: int, num_microbatches: int) -> list[tuple[str, int]]:
+    """The order in which one pipeline stage runs forward ('F') and backward ('B') micro-batches.
+
+    GPipe: every forward, then every backward. 1F1B: ``num_stages - stage - 1``
+    warm-up forwards, then alternate one forward and one backward, then the
+    remaining backwards (at most ``num_stages - stage`` micro-batches in flight).
+    """
+    m = num_microbatches
+    if kind == "gpipe":
+        return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+    if kind != "1f1b":
+        raise InputError(f"strategy.pipeline_schedule: unknown schedule {kind!r}")
+    warm = min(num_stages - stage - 1, m)
+    out = [("F", i) for i in range(warm)]
+    f, b = warm, 0
+    while f < m:
+        out.append(("F", f))
+        f += 1
+        out.append(("B", b))
+        b += 1
+    out.extend(("B", i) for i in range(b, m))
+    return out
+
+
+# --------------------------------------------------------------------------- one rank
+def _peak_rss_MiB() -> float:
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # Linux reports KiB, macOS bytes.
+    return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
+
+
+def _bucketed_all_reduce(grads: list, bucket_MiB: float, group, divide_by: int) -> None:
+    """All-reduce gradients in flat buckets of at most ``bucket_MiB`` (reverse order, as DDP fills them)."""
+    import torch.distributed as dist
+    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+    limit = bucket_MiB * 2 ** 20
+    buckets, current, size = [], [], 0
+    for g in reversed(grads):
+        current.append(g)
+        size += g.numel() * g.element_size()
+        if size >= limit:
+            buckets.append(current)
+            current, size = [], 0
+    if current:
+        buckets.append(current)
+    works = []
+    for bucket in buckets:
+        flat = _flatten_dense_tensors(bucket)
+        works.append((dist.all_reduce(flat, group=group, async_op=True), flat, bucket))
+    for work, flat, bucket in works:
+        work.wait()
+        flat.div_(divide_by)
+        for g, synced in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
+            g.copy_(synced)
+
+
+def _new_groups(plan: StepPlan, rank: int) -> dict:
+    """Create the tp, dp and tied-embedding groups (every rank creates every group, in the same order)."""
+    import torch.distributed as dist
+
+    tp, dp, pp = plan.tp, plan.dp, plan.pp
+    groups: dict[str, Any] = {"tp": None, "dp": None, "embed": None}
+    if tp > 1:
+        for p in range(pp):
+            for d in range(dp):
+                ranks = [global_rank(t, d, p, tp, dp) for t in range(tp)]
+                g = dist.new_group(ranks)
+                if rank in ranks:
+                    groups["tp"] = g
+    if dp > 1:
+        for p in range(pp):
+            for t in range(tp):
+                ranks = [global_rank(t, d, p, tp, dp) for d in range(dp)]
+                g = dist.new_group(ranks)
+                if rank in ranks:
+                    groups["dp"] = g
+    if pp > 1 and plan.is_transformer and plan.model.get("tie_embeddings"):
+        for d in range(dp):
+            for t in range(tp):
+                ranks = [global_rank(t, d, 0, tp, dp), global_rank(t, d, pp - 1, tp, dp)]
+                g = dist.new_group(ranks)
+                if rank in ranks:
+                    groups["embed"] = g
+    return groups
+
+
+def _build_step(plan: StepPlan, rank: int) -> Callable[[], Any]:
+    """Build this rank's model, optimizer and data; return ``step()`` running one iteration.
+
+    ``step()`` returns the iteration's mean loss (a detached tensor) on ranks that
+    compute the loss (the last pipeline stage), None elsewhere.
+    """
+    import contextlib
+
+    import torch
+
+    from . import models as M
+
+    s = plan.strategy
+    tp_rank, dp_rank, pp_rank = rank_coords(rank, plan.tp, plan.dp, plan.pp)
+    world = plan.world_size
+    groups = _new_groups(plan, rank) if world > 1 else {"tp": None, "dp": None, "embed": None}
+    ctx = M.ParallelContext(tp_size=plan.tp, tp_rank=tp_rank, tp_group=groups["tp"], stage=pp_rank,
+                            num_stages=plan.pp)
+    net = M.build_model(plan.model, ctx, s["recompute"], plan.seed)
+    m = plan.num_microbatches
+    mbs = s["micro_batch_size"]
+    # Data is a function of (seed, data-parallel rank, micro-batch): tp ranks and pipeline stages of one
+    # replica see the same batch, and a run with the same global batch on one process sees the same data.
+    batches = [M.make_batch(plan.model, mbs, plan.seed, dp_rank * m + i) for i in range(m)]
+    bf16 = s["precision"] == "bf16"
+
+    def autocast():
+        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
+
+    def make_optimizer(params):
+        if s["optimizer"] == "sgd":
+            return torch.optim.SGD(params, lr=plan.learning_rate, momentum=0.9)
+        return torch.optim.Adam(params, lr=plan.learning_rate)
+
+    sharded = plan.sharded_dp
+    model: Any = net
+    no_sync = None
+    if plan.dp > 1 and sharded in ("zero2", "fsdp"):
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh("cpu", (plan.dp,))
+        reshard = sharded == "fsdp"  # zero2 keeps the gathered parameters from forward to backward
+        for unit in net.shard_units():
+            fully_shard(unit, mesh=mesh, reshard_after_forward=reshard)
+        fully_shard(net, mesh=mesh, reshard_after_forward=reshard)
+        optimizer = make_optimizer(net.parameters())
+    elif plan.dp > 1 and plan.pp == 1:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        model = DDP(net, process_group=groups["dp"], bucket_cap_mb=s["grad_bucket_size_MiB"],
+                    broadcast_buffers=plan.model["arch"] == "cnn")  # only BatchNorm has buffers worth syncing
+        no_sync = model.no_sync
+        if sharded == "zero1":
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+
+            opt_class = torch.optim.SGD if s["optimizer"] == "sgd" else torch.optim.Adam
+            extra = {"momentum": 0.9} if s["optimizer"] == "sgd" else {}
+            optimizer = ZeroRedundancyOptimizer(net.parameters(), optimizer_class=opt_class, lr=plan.learning_rate,
+                                                process_group=groups["dp"], **extra)
+        else:
+            optimizer = make_optimizer(net.parameters())
+    else:
+        optimizer = make_optimizer(net.parameters())
+
+    if plan.pp == 1:
+        def step():
+            total = None
+            for i, (x, t) in enumerate(batches):
+                sync = no_sync is None or i == m - 1
+                with (contextlib.nullcontext() if sync else no_sync()):
+                    with autocast():
+                        loss = model(x, t)
+                    (loss / m).backward()
+                total = loss.detach() if total is None else total + loss.detach()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            return total / m
+        return step
+
+    return _pipeline_step(plan, net, optimizer, batches, groups, (tp_rank, dp_rank, pp_rank), autocast)
+
+
+def _pipeline_step(plan: StepPlan, net, optimizer, batches, groups, coords, autocast) -> Callable[[], Any]:
+    """One pipeline stage's iteration under the GPipe or 1F1B schedule, with blocking receives.
+
+    Sends are posted with ``isend`` and completed before the iteration ends:
+    gloo's send is a rendezvous (it waits for the matching receive), so a
+    blocking send would deadlock 1F1B, where both neighbours send at once.
+    """
+    import torch
+    import torch.distributed as dist
+
+    tp_rank, dp_rank, pp_rank = coords
+    s = plan.strategy
+    m, pp = plan.num_microbatches, plan.pp
+    first, last = pp_rank == 0, pp_rank == pp - 1
+    prev_rank = global_rank(tp_rank, dp_rank, pp_rank - 1, plan.tp, plan.dp) if not first else None
+    next_rank = global_rank(tp_rank, dp_rank, pp_rank + 1, plan.tp, plan.dp) if not last else None
+    act_dtype = torch.bfloat16 if s["precision"] == "bf16" else torch.float32
+    shape = (s["micro_batch_size"], plan.model["seq_length"], plan.model["hidden_size"])
+    order = schedule(s["pipeline_schedule"], pp_rank, pp, m)
+    params = [p for p in net.parameters() if p.requires_grad]
+    tied = net.tied_parameter()
+
+    def step():
+        inputs: dict[int, Any] = {}
+        outputs: dict[int, Any] = {}
+        sends = []
+        total = None
+        for op, i in order:
+            x, t = batches[i]
+            if op == "F":
+                if not first:
+                    x = torch.empty(shape, dtype=act_dtype)
+                    dist.recv(x, src=prev_rank, tag=i)
+                    x.requires_grad_(True)
+                    inputs[i] = x
+                with autocast():
+                    out = net(x, t if last else None)
+                if last:
+                    outputs[i] = out / m
+                    total = out.detach() if total is None else total + out.detach()
+                else:
+                    out = out.to(act_dtype)  # what travels is what the next stage receives
+                    outputs[i] = out
+                    payload = out.detach().contiguous()
+                    sends.append((dist.isend(payload, dst=next_rank, tag=i), payload))
+            else:
+                if last:
+                    outputs.pop(i).backward()
+                else:
+                    g = torch.empty(shape, dtype=act_dtype)
+                    dist.recv(g, src=next_rank, tag=m + i)
+                    outputs.pop(i).backward(g)
+                if not first:
+                    grad = inputs.pop(i).grad.contiguous()
+                    sends.append((dist.isend(grad, dst=prev_rank, tag=m + i), grad))
+        for work, _ in sends:
+            work.wait()
+        if tied is not None and groups["embed"] is not None:
+            dist.all_reduce(tied.grad, group=groups["embed"])
+        if plan.dp > 1:
+            _bucketed_all_reduce([p.grad for p in params if p.grad is not None], s["grad_bucket_size_MiB"],
+                                 groups["dp"], plan.dp)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return None if total is None else total / m
+
+    return step
+
+
+def _profile_rows(prof, iterations: int) -> list[dict]:
+    rows = []
+    for evt in prof.key_averages():
+        self_ms = evt.self_cpu_time_total / 1000.0 / iterations
+        if self_ms > 0:
+            rows.append({"name": evt.key, "calls": int(round(evt.count / iterations)),
+                         "self_time_ms": round(self_ms, 6)})
+    rows.sort(key=lambda r: -r["self_time_ms"])
+    return rows
+
+
+def _run_rank(plan: StepPlan, rank: int, iterations: Optional[int] = None) -> dict:
+    """Build, warm up and time the step on one rank; return its local results.
+
+    ``iterations`` (loss mode) runs that many iterations without warm-up and
+    reports every loss; otherwise ``warmup`` + ``repeats`` with the timed ones kept.
+    """
+    import torch
+
+    world = plan.world_size
+    dist = None
+    if world > 1:
+        import torch.distributed as dist
+    step = _build_step(plan, rank)
+    warmup = 0 if iterations is not None else plan.warmup
+    count = iterations if iterations is not None else plan.repeats
+    times_s, losses = [], []
+    for it in range(warmup + count):
+        if dist is not None:
+            dist.barrier()  # every rank starts the iteration together, so max over ranks is the iteration
+        t0 = time.perf_counter()
+        loss = step()
+        t1 = time.perf_counter()
+        if it >= warmup:
+            times_s.append(t1 - t0)
+            losses.append(loss)
+    peak_rss_MiB = _peak_rss_MiB()  # before profiling, whose bookkeeping is not part of the step
+    per_op: list[dict] = []
+    if plan.profile and iterations is None:
+        if dist is not None:
+            dist.barrier()
+        if rank == 0:
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                step()
+            per_op = _profile_rows(prof, 1)
+        else:
+            step()  # the other ranks must take part in the profiled iteration's communication
+    return {"rank": rank, "times_s": times_s, "peak_rss_MiB": peak_rss_MiB,
+            "losses": None if losses and losses[0] is None else [float(v) for v in losses],
+            "per_op": per_op}
+
+
+def _worker(rank: int, plan: StepPlan, port: int, out_path: str, iterations: Optional[int]) -> None:
+    """Entry point of one spawned rank: process group, measurement, results to ``out_path`` (rank 0)."""
+    import warnings
+
+    # torch.distributed's deprecation warnings (all_gather_into_tensor, ...) would flood every progress line.
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=UserWarning, module="torch.distributed")
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(plan.threads)
+    world = plan.world_size
+    try:
+        if world > 1:
+            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                    timeout=datetime.timedelta(seconds=max(30.0, plan.timeout_s)))
+        local = _run_rank(plan, rank, iterations)
+        if world > 1:
+            gathered: list = [None] * world
+            dist.all_gather_object(gathered, local)
+        else:
+            gathered = [local]
+        if rank == 0:
+            tmp = out_path + ".tmp"
+            with open(tmp, "w", encoding="utf-8") as fh:
+                json.dump(gathered, fh)
+            os.replace(tmp, out_path)
+    finally:
+        if world > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in str(text).strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else str(text)
+
+
+#: Modules the fork server imports once, so that every rank starts in milliseconds with them loaded.
+FORKSERVER_PRELOAD = ["torch", "torch._dynamo", "torch.optim", "torch.distributed", "torch.nn.parallel",
+                      "torch.distributed.optim", "torch.distributed.fsdp", "torch.distributed.device_mesh",
+                      "torch.utils.checkpoint", "torch.profiler", "learnedperf.measure.models"]
+
+_preloaded = False
+
+
+def _preload_forkserver() -> None:
+    """Ask multiprocessing's fork server to import torch before it forks any rank.
+
+    Ranks start with :func:`torch.multiprocessing.start_processes` and the
+    ``forkserver`` method: like ``spawn`` they share nothing with this process (no
+    thread pools, no process group), but they are forked from a server that has
+    imported torch once, so a rank starts in tens of milliseconds instead of the
+    seconds two concurrent ``import torch`` take on a small CPU. Has no effect if
+    the fork server already runs (then ranks import torch themselves).
+    """
+    global _preloaded
+    if not _preloaded:
+        import multiprocessing
+
+        multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)
+        _preloaded = True
+
+
+def _execute(plan: StepPlan, iterations: Optional[int] = None) -> list[dict]:
+    """Run the plan in ``world_size`` spawned processes; return every rank's results (rank order).
+
+    Raises:
+        LearnedPerfError: a rank failed (its error's last line and the config are named) or the
+            run passed ``timeout_s`` (every process is killed first).
+    """
+    import torch.multiprocessing as mp
+
+    _preload_forkserver()
+    with tempfile.TemporaryDirectory(prefix="learnedperf-step-") as tmp:
+        out_path = os.path.join(tmp, "result.json")
+        pctx = mp.start_processes(_worker, args=(plan, _free_port(), out_path, iterations), nprocs=plan.world_size,
+                                  join=False, start_method="forkserver")
+        deadline = time.monotonic() + plan.timeout_s
+        try:
+            while not pctx.join(timeout=0.2):
+                if time.monotonic() > deadline:
+                    raise LearnedPerfError(f"measured step timed out after {plan.timeout_s:.0f} s "
+                                           f"(step config: {plan.label}); all {plan.world_size} processes killed")
+        except mp.ProcessRaisedException as exc:
+            raise LearnedPerfError(f"measured step failed on rank {exc.error_index} (step config: {plan.label}): "
+                                   f"{_last_line(exc.msg)}") from None
+        except mp.ProcessExitedException as exc:
+            raise LearnedPerfError(f"measured step: rank {exc.error_index} exited with code {exc.exit_code} "
+                                   f"(step config: {plan.label})") from None
+        finally:
+            for p in pctx.processes:
+                if p.is_alive():
+                    p.kill()
+                p.join(timeout=10)
+        try:
+            with open(out_path, encoding="utf-8") as fh:
+                return json.load(fh)
+        except (OSError, json.JSONDecodeError):
+            raise LearnedPerfError(f"measured step finished without results (step config: {plan.label})") from None
+
+
+def _run_in_process(plan: StepPlan, iterations: Optional[int]) -> list[dict]:
+    """One rank in this process (world size 1), restoring torch's thread count afterwards."""
+    import torch
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(plan.threads)
+    try:
+        return [_run_rank(plan, 0, iterations)]
+    finally:
+        torch.set_num_threads(saved)
+
+
+# --------------------------------------------------------------------------- public API
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolation percentile (``q`` in 0..100) of a non-empty list (numpy's default method)."""
+    xs = sorted(values)
+    if len(xs) == 1:
+        return xs[0]
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def _device_of(hardware: dict) -> tuple[str, dict]:
+    device = hardware.get("device")
+    if isinstance(device, dict):
+        return str(device.get("name", "unknown")), device
+    if isinstance(device, str):
+        from ..specs import resolve_hardware
+
+        try:
+            spec = resolve_hardware({**hardware, "num_devices": hardware.get("num_devices", 1)})
+        except SpecError as exc:
+            raise InputError(str(exc)) from None
+        return spec.device.name, spec.device.to_dict()
+    raise InputError("hardware.device: required (a DeviceSpec dict or a catalog name)")
+
+
+def measure_step(config: StepConfig, hardware: dict, progress: Optional[Callable[[str], None]] = None) -> dict:
+    """Run one configuration and return its step record (exactly the STEP_COLUMNS keys).
+
+    Args:
+        config: what to run and how to time it.
+        hardware: run-format hardware dict of the machine (``device`` descriptor,
+            ``devices_per_node``, link figures); ``num_devices`` is set to the world size.
+        progress: called with a one-line message when the step starts and ends.
+
+    Raises:
+        InputError: an invalid config or a run that does not validate (before anything starts).
+        LearnedPerfError: a rank failed or the measurement timed out.
+    """
+    plan = plan_step(config)
+    run = _run_dict(plan, hardware)
+    from ..specs import RunSpec, resolve_hardware
+
+    try:
+        if plan.is_transformer:
+            RunSpec.from_dict(run)
+        else:  # the simulator's specs have no MLP / CNN: check the hardware part only
+            resolve_hardware(run["hardware"])
+    except SpecError as exc:
+        raise InputError(f"{exc} (step config: {plan.label})") from None
+    device_name, device = _device_of(hardware)
+    if progress:
+        progress(f"measuring {plan.label} [{plan.kind}]")
+    t_start = time.perf_counter()
+    ranks = _execute(plan)
+    # An iteration lasts until its slowest rank finishes.
+    per_iter_ms = [max(r["times_s"][i] for r in ranks) * 1e3 for i in range(plan.repeats)]
+    per_op = next((r["per_op"] for r in ranks if r["rank"] == 0), [])
+    record = {
+        "run_id": run_id(run),
+        "run": canonical_json(run),
+        "model_name": str(plan.model.get("name", plan.model["arch"])),
+        "arch": plan.model["arch"],
+        "strategy_kind": plan.kind,
+        "world_size": plan.world_size,
+        "iteration_time_ms": statistics.median(per_iter_ms),
+        "iteration_p10_ms": percentile(per_iter_ms, 10),
+        "iteration_p90_ms": percentile(per_iter_ms, 90),
+        "repeats": plan.repeats,
+        "warmup": plan.warmup,
+        "peak_memory_MiB": max(r["peak_rss_MiB"] for r in ranks),
+        "per_op": json.dumps(per_op),
+        "device_name": device_name,
+        "device": canonical_json(device),
+        "backend": "gloo" if plan.world_size > 1 else "none",
+        "threads": plan.threads,
+        "host": host_name(),
+        "source": "measured",
+        "measured_at": now_utc(),
+    }
+    assert set(record) == set(STEP_COLUMNS)
+    if progress:
+        progress(f"done {plan.label}: {record['iteration_time_ms']:.1f} ms/iter "
+                 f"({time.perf_counter() - t_start:.1f} s wall)")
+    return record
+
+
+def train_losses(config: StepConfig, iterations: int = 2, in_process: bool = True) -> list[float]:
+    """Losses of ``iterations`` training iterations of a config (mean over micro-batches and replicas).
+
+    For correctness checks: the same model, seed and global batch give the same
+    losses under every strategy (up to float rounding). World size 1 runs in this
+    process when ``in_process``; larger worlds spawn processes as
+    :func:`measure_step` does.
+    """
+    plan = plan_step(config)
+    if iterations < 1:
+        raise InputError(f"iterations: expected >= 1, got {iterations}")
+    ranks = _run_in_process(plan, iterations) if (plan.world_size == 1 and in_process) else _execute(plan, iterations)
+    with_loss = [r["losses"] for r in ranks if r["losses"] is not None]
+    if not with_loss:
+        raise LearnedPerfError(f"no rank reported a loss (step config: {plan.label})")
+    return [sum(ls[i] for ls in with_loss) / len(with_loss) for i in range(iterations)]
+
+
+# --------------------------------------------------------------------------- the grid
+#: Models of the measurement grid: three families at four sizes (≈1.5M to ≈50M parameters, seq 64-512),
+#: an MLP and a small ResNet at two sizes each. Heads, kv heads, ffn and vocabularies divide by 4 so
+#: that tp = 2 and 4 are valid.
+GRID_MODELS: dict[str, dict] = {
+    "gpt-tiny": {"arch": "gpt", "num_layers": 2, "hidden_size": 128, "num_attention_heads": 4,
+                 "vocab_size": 8192, "seq_length": 64},
+    "gpt-small": {"arch": "gpt", "num_layers": 4, "hidden_size": 256, "num_attention_heads": 8,
+                  "vocab_size": 8192, "seq_length": 128},
+    "gpt-medium": {"arch": "gpt", "num_layers": 6, "hidden_size": 384, "num_attention_heads": 8,
+                   "vocab_size": 16384, "seq_length": 256},
+    "gpt-large": {"arch": "gpt", "num_layers": 8, "hidden_size": 512, "num_attention_heads": 8,
+                  "vocab_size": 32000, "seq_length": 256},
+    "llama-tiny": {"arch": "llama", "num_layers": 2, "hidden_size": 128, "num_attention_heads": 4,
+                   "num_kv_heads": 2, "vocab_size": 8192, "seq_length": 64},
+    "llama-small": {"arch": "llama", "num_layers": 4, "hidden_size": 256, "num_attention_heads": 8,
+                    "num_kv_heads": 4, "vocab_size": 8192, "seq_length": 128},
+    "llama-medium": {"arch": "llama", "num_layers": 6, "hidden_size": 384, "num_attention_heads": 8,
+                     "num_kv_heads": 4, "vocab_size": 16384, "seq_length": 256},
+    "llama-large": {"arch": "llama", "num_layers": 8, "hidden_size": 512, "num_attention_heads": 8,
+                    "num_kv_heads": 4, "vocab_size": 24576, "seq_length": 256},
+    "bert-tiny": {"arch": "bert", "num_layers": 2, "hidden_size": 128, "num_attention_heads": 4,
+                  "vocab_size": 8192, "seq_length": 128},
+    "bert-small": {"arch": "bert", "num_layers": 4, "hidden_size": 256, "num_attention_heads": 4,
+                   "vocab_size": 8192, "seq_length": 256},
+    "bert-medium": {"arch": "bert", "num_layers": 6, "hidden_size": 384, "num_attention_heads": 8,
+                    "vocab_size": 16384, "seq_length": 512},
+    "bert-large": {"arch": "bert", "num_layers": 8, "hidden_size": 512, "num_attention_heads": 8,
+                   "vocab_size": 16384, "seq_length": 512},
+    "mlp-small": {"arch": "mlp", "input_size": 512, "hidden_size": 1024, "num_layers": 4, "num_classes": 1000},
+    "mlp-large": {"arch": "mlp", "input_size": 1024, "hidden_size": 2048, "num_layers": 6, "num_classes": 1000},
+    "cnn-small": {"arch": "cnn", "image_size": 32, "in_channels": 3, "base_channels": 16, "num_stages": 3,
+                  "blocks_per_stage": 2, "num_classes": 100},
+    "cnn-medium": {"arch": "cnn", "image_size": 64, "in_channels": 3, "base_channels": 32, "num_stages": 3,
+                   "blocks_per_stage": 2, "num_classes": 100},
+}
+
+
+def grid_model(name: str) -> dict:
+    """The run-format model dict of a grid model (its ``name`` included)."""
+    if name not in GRID_MODELS:
+        raise InputError(f"model: unknown grid model {name!r} (known: {sorted(GRID_MODELS)})")
+    return {"name": name, **GRID_MODELS[name]}
+
+
+def _timing_for(name: str) -> dict:
+    # Iterations of large models take seconds on a small CPU: fewer of them keeps a config to a few seconds.
+    size = name.split("-")[1]
+    return {"large": {"warmup": 1, "repeats": 3}, "medium": {"warmup": 1, "repeats": 4}}.get(
+        size, {"warmup": 2, "repeats": 5})
+
+
+def step_grid(quick: bool = False) -> list[StepConfig]:
+    """The configurations measured for the project's data set.
+
+    ``quick=False``: 136 configs (83 on several processes) — single-process (fp32, bf16, full recompute,
+    larger micro-batches, gradient accumulation, 2 threads), DDP with several bucket
+    sizes, tensor, pipeline (GPipe and 1F1B), ZeRO-1/2 and FSDP on 2 processes, and
+    dp / tp / pp / tp+dp / pp+dp / tp+pp / FSDP on 4 processes (which oversubscribe
+    a 2-core machine; ``threads`` records 1 per process). ``quick=True``: four
+    small configs, one of them on 2 processes, for a smoke test.
+    """
+    def cfg(name: str, world: int = 1, threads: int = 1, **strategy) -> StepConfig:
+        return StepConfig(grid_model(name), world, strategy, threads=threads, **_timing_for(name))
+
+    if quick:
+        return [cfg("gpt-tiny"), cfg("llama-tiny", precision="bf16"), cfg("gpt-tiny", 2, grad_bucket_size_MiB=1.0),
+                cfg("mlp-small", micro_batch_size=32)]
+    families = ("gpt", "llama", "bert")
+    sizes = ("tiny", "small", "medium", "large")
+    out: list[StepConfig] = []
+    # --- one process
+    for fam in families:
+        for size in sizes:
+            out.append(cfg(f"{fam}-{size}"))
+            out.append(cfg(f"{fam}-{size}", precision="bf16"))
+        for size in sizes[:3]:
+            out.append(cfg(f"{fam}-{size}", recompute="full"))
+        out.append(cfg(f"{fam}-tiny", micro_batch_size=4))
+        out.append(cfg(f"{fam}-small", micro_batch_size=2))
+        out.append(cfg(f"{fam}-small", global_batch_size=4))
+        out.append(cfg(f"{fam}-small", threads=2))
+    for name in ("mlp-small", "mlp-large", "cnn-small", "cnn-medium"):
+        mbs = 64 if name.startswith("mlp") else 16
+        out.append(cfg(name, micro_batch_size=mbs))
+        out.append(cfg(name, micro_batch_size=mbs, precision="bf16"))
+    # --- two processes
+    for fam in families:
+        for size in sizes[:3]:
+            for bucket in (1.0, 25.0):
+                out.append(cfg(f"{fam}-{size}", 2, grad_bucket_size_MiB=bucket))
+            out.append(cfg(f"{fam}-{size}", 2, tp=2))
+        out.append(cfg(f"{fam}-small", 2, grad_bucket_size_MiB=5.0))
+        out.append(cfg(f"{fam}-large", 2, tp=2))
+        out.append(cfg(f"{fam}-small", 2, tp=2, precision="bf16"))
+        # BERT-medium's 512-token pipeline would take half a minute per config; its small size stands in.
+        for size in ("small",) if fam == "bert" else ("small", "medium"):
+            for sched in ("gpipe", "1f1b"):
+                out.append(cfg(f"{fam}-{size}", 2, pp=2, global_batch_size=4, pipeline_schedule=sched))
+        out.append(cfg(f"{fam}-tiny", 2, pp=2, global_batch_size=8, pipeline_schedule="1f1b"))
+        out.append(cfg(f"{fam}-small", 2, zero_stage=1, grad_bucket_size_MiB=25.0))
+        out.append(cfg(f"{fam}-small", 2, zero_stage=2))
+        out.append(cfg(f"{fam}-small", 2, fsdp=True))
+    out.append(cfg("gpt-medium", 2, zero_stage=1))
+    out.append(cfg("gpt-medium", 2, fsdp=True))
+    out.append(cfg("llama-small", 2, fsdp=True, precision="bf16", recompute="full"))
+    out.append(cfg("gpt-large", 2, grad_bucket_size_MiB=25.0))
+    for name in ("mlp-small", "mlp-large", "cnn-small", "cnn-medium"):
+        mbs = 64 if name.startswith("mlp") else 16
+        out.append(cfg(name, 2, micro_batch_size=mbs))
+    out.append(cfg("mlp-large", 2, micro_batch_size=64, fsdp=True))
+    out.append(cfg("cnn-small", 2, micro_batch_size=16, zero_stage=1))
+    # --- four processes (oversubscribing two cores)
+    for fam in ("gpt", "llama"):
+        out.append(cfg(f"{fam}-small", 4))
+        out.append(cfg(f"{fam}-small", 4, tp=4))
+        out.append(cfg(f"{fam}-small", 4, pp=4, global_batch_size=4, pipeline_schedule="1f1b"))
+        out.append(cfg(f"{fam}-small", 4, tp=2))
+        out.append(cfg(f"{fam}-small", 4, pp=2, global_batch_size=8,
+                       pipeline_schedule="1f1b" if fam == "gpt" else "gpipe"))
+    out.append(cfg("gpt-small", 4, pp=4, global_batch_size=4, pipeline_schedule="gpipe"))
+    out.append(cfg("gpt-small", 4, tp=2, pp=2, global_batch_size=4))
+    out.append(cfg("llama-medium", 4, tp=2, pp=2, global_batch_size=4, pipeline_schedule="gpipe"))
+    out.append(cfg("bert-small", 4, tp=4))
+    out.append(cfg("gpt-small", 4, fsdp=True))
+    return out
+
+
+def measure_grid(configs: list[StepConfig], hardware: dict,
+                 progress: Optional[Callable[[str], None]] = None) -> list[dict]:
+    """Measure every config in order and return their records (stops at the first failure)."""
+    out = []
+    for i, config in enumerate(configs):
+        def tagged(msg: str, i=i) -> None:
+            if progress:
+                progress(f"[{i + 1}/{len(configs)}] {msg}")
+        out.append(measure_step(config, hardware, tagged))
+    return out

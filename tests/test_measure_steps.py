@@ -1,0 +1,206 @@
+"""Measured training steps: multi-process DDP / TP / PP end to end, numerical equivalence of the
+sharded models with the plain one, validation before anything starts, and failure surfacing.
+
+Everything runs on CPU with gloo and tiny models; ranks are forked from a fork server that has
+torch preloaded, so after the first run each multi-process step takes well under a second.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from learnedperf.errors import InputError, LearnedPerfError
+from learnedperf.measure.records import STEP_COLUMNS
+from learnedperf.measure.steps import (StepConfig, plan_step, run_dict, schedule, step_grid, train_losses,
+                                       measure_step)
+from learnedperf.specs import ModelSpec, RunSpec
+
+CPU_DEVICE = {"name": "test-cpu", "vendor": "test", "peak_tflops": {"fp32": 0.1, "bf16": 0.8},
+              "memory_bandwidth_GBps": 20.0, "memory_GiB": 24.0}
+HARDWARE = {"device": CPU_DEVICE, "devices_per_node": 4, "intra_node_bandwidth_GBps": 5.0,
+            "intra_node_latency_us": 20.0}
+
+GPT = {"name": "gpt-test", "arch": "gpt", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+       "vocab_size": 256, "seq_length": 32}
+LLAMA = {"name": "llama-test", "arch": "llama", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+         "num_kv_heads": 2, "vocab_size": 256, "seq_length": 32}
+BERT = {**GPT, "name": "bert-test", "arch": "bert"}
+
+#: SGD with a large step: a gradient wrong in scale or direction changes the second loss visibly
+#: (Adam's first step is scale-invariant and would hide a factor-of-tp error).
+SGD = {"optimizer": "sgd"}
+LR = 0.5
+
+
+def _check_record(rec: dict, world: int, kind: str) -> dict:
+    assert set(rec) == set(STEP_COLUMNS)
+    assert rec["world_size"] == world
+    assert rec["strategy_kind"] == kind
+    assert rec["backend"] == ("gloo" if world > 1 else "none")
+    assert 0 < rec["iteration_p10_ms"] <= rec["iteration_time_ms"] <= rec["iteration_p90_ms"]
+    assert rec["peak_memory_MiB"] > 0
+    assert rec["device_name"] == CPU_DEVICE["name"]
+    assert json.loads(rec["device"]) == CPU_DEVICE
+    run = json.loads(rec["run"])
+    spec = RunSpec.from_dict(run)
+    assert spec.hardware.num_devices == world
+    assert spec.strategy.tp * spec.strategy.pp * spec.strategy.dp == world
+    assert json.loads(rec["per_op"]) == []
+    return run
+
+
+def test_ddp_step_two_processes():
+    cfg = StepConfig(GPT, 2, {"grad_bucket_size_MiB": 1.0}, warmup=1, repeats=3)
+    run = _check_record(measure_step(cfg, HARDWARE), 2, "dp")
+    assert run["strategy"]["dp"] == 2 and run["strategy"]["overlap_grad_reduce"] is True
+    assert run["strategy"]["grad_bucket_size_MiB"] == 1.0
+
+
+def test_tp_step_two_processes():
+    cfg = StepConfig(LLAMA, 2, {"tp": 2, "precision": "bf16"}, warmup=1, repeats=3)
+    run = _check_record(measure_step(cfg, HARDWARE), 2, "tp")
+    assert run["strategy"]["tp"] == 2 and run["strategy"]["precision"] == "bf16"
+    assert run["model"] == ModelSpec.parse(LLAMA).to_dict()  # the record states the model that ran
+
+
+def test_pp_1f1b_step_two_processes():
+    cfg = StepConfig(GPT, 2, {"pp": 2, "global_batch_size": 4, "pipeline_schedule": "1f1b"}, warmup=1, repeats=3)
+    run = _check_record(measure_step(cfg, HARDWARE), 2, "pp")
+    assert RunSpec.from_dict(run).num_microbatches == 4
+
+
+@pytest.mark.parametrize("model", [GPT, LLAMA], ids=["gpt", "llama-gqa"])
+def test_tensor_parallel_matches_unsharded(model):
+    plain = train_losses(StepConfig(model, 1, {**SGD, "global_batch_size": 2}, learning_rate=LR), 3)
+    tp = train_losses(StepConfig(model, 2, {**SGD, "tp": 2, "global_batch_size": 2}, learning_rate=LR), 3)
+    assert plain[0] != plain[2]  # the optimizer really moved the weights
+    assert tp == pytest.approx(plain, rel=1e-4, abs=1e-5)
+
+
+@pytest.mark.parametrize("sched", ["gpipe", "1f1b"])
+def test_pipeline_schedules_match_single_process(sched):
+    # GPT ties the embedding and the head, which live on different stages: their gradients must be summed.
+    strat = {**SGD, "global_batch_size": 4}
+    plain = train_losses(StepConfig(GPT, 1, strat, learning_rate=LR), 3)
+    pp = train_losses(StepConfig(GPT, 2, {**strat, "pp": 2, "pipeline_schedule": sched}, learning_rate=LR), 3)
+    assert pp == pytest.approx(plain, rel=1e-4, abs=1e-5)
+
+
+def test_data_parallel_and_fsdp_match_single_process():
+    strat = {**SGD, "global_batch_size": 4}
+    plain = train_losses(StepConfig(BERT, 1, strat, learning_rate=LR), 2)
+    for extra in ({}, {"fsdp": True}):
+        dp = train_losses(StepConfig(BERT, 2, {**strat, **extra}, learning_rate=LR), 2)
+        assert dp == pytest.approx(plain, rel=1e-4, abs=1e-5), extra
+
+
+def test_model_parameter_count_matches_spec():
+    from learnedperf.measure.models import build_model, count_parameters
+
+    for model in (GPT, LLAMA, BERT):
+        assert count_parameters(build_model(model)) == ModelSpec.parse(model).num_params()
+
+
+@pytest.mark.parametrize("strategy, world, field", [
+    ({"tp": 3}, 3, "strategy.tp"),                       # 3 does not divide 4 heads
+    ({"tp": 2, "dp": 2}, 2, "strategy.dp"),              # tp·pp·dp = 4 != 2
+    ({"pp": 4}, 4, "strategy.pp"),                       # 2 layers < pp
+    ({"global_batch_size": 3}, 2, "strategy.global_batch_size"),
+    ({"cp": 2}, 2, "strategy.cp"),                       # not a measured-step key
+    ({"precision": "fp8"}, 1, "strategy.precision"),
+    ({"zero_stage": 1, "tp": 2}, 2, "strategy.zero_stage"),
+])
+def test_invalid_config_is_rejected_before_starting(strategy, world, field):
+    t0 = time.perf_counter()
+    with pytest.raises(InputError) as err:
+        measure_step(StepConfig(GPT, world, strategy), HARDWARE)
+    assert str(err.value).startswith(field)
+    assert "gpt-test" in str(err.value)
+    assert time.perf_counter() - t0 < 2.0  # nothing was spawned
+
+
+def test_invalid_model_names_the_field():
+    with pytest.raises(InputError, match=r"^model\.arch"):
+        plan_step(StepConfig({"arch": "moe"}, 1))
+    with pytest.raises(InputError, match=r"^model\.depth"):
+        plan_step(StepConfig({"arch": "mlp", "depth": 3}, 1))
+
+
+def test_failing_rank_surfaces_as_one_error():
+    from learnedperf.measure.steps import _execute
+
+    plan = plan_step(StepConfig(GPT, 2, {"tp": 2}, warmup=0, repeats=1))
+    # Bypass validation: tp=2 cannot split 3 heads, so every rank fails while building its model.
+    broken = dataclasses.replace(plan, model={**plan.model, "num_attention_heads": 3, "hidden_size": 63})
+    t0 = time.perf_counter()
+    with pytest.raises(LearnedPerfError, match=r"failed on rank \d \(step config: gpt-test"):
+        _execute(broken)
+    assert time.perf_counter() - t0 < 30
+
+
+def test_timeout_kills_the_ranks():
+    with pytest.raises(LearnedPerfError, match="timed out"):
+        measure_step(StepConfig(GPT, 2, {}, warmup=50, repeats=50, timeout_s=0.5), HARDWARE)
+
+
+def test_single_process_profile_and_mlp():
+    rec = measure_step(StepConfig({"arch": "mlp", "name": "mlp-test", "input_size": 32, "hidden_size": 64,
+                                   "num_layers": 2, "num_classes": 10}, 1, {"micro_batch_size": 8},
+                                  warmup=1, repeats=3, profile=True), HARDWARE)
+    assert set(rec) == set(STEP_COLUMNS) and rec["arch"] == "mlp" and rec["strategy_kind"] == "single"
+    ops = json.loads(rec["per_op"])
+    assert ops and {"name", "calls", "self_time_ms"} <= set(ops[0])
+    assert any("addmm" in op["name"] or "linear" in op["name"] for op in ops)
+
+
+def test_pipeline_schedules_are_valid():
+    for kind in ("gpipe", "1f1b"):
+        for pp in (2, 4):
+            for stage in range(pp):
+                order = schedule(kind, stage, pp, 6)
+                assert sorted(order) == sorted([("F", i) for i in range(6)] + [("B", i) for i in range(6)])
+                assert all(order.index(("F", i)) < order.index(("B", i)) for i in range(6))
+                if kind == "1f1b":  # at most pp - stage micro-batches in flight
+                    live = peak = 0
+                    for op, _ in order:
+                        live += 1 if op == "F" else -1
+                        peak = max(peak, live)
+                    assert peak <= pp - stage
+
+
+def test_grid_is_large_valid_and_parses():
+    grid = step_grid(quick=False)
+    plans = [plan_step(c) for c in grid]
+    assert len(grid) >= 110
+    assert sum(p.world_size > 1 for p in plans) >= 50
+    assert {p.kind for p in plans} >= {"single", "dp", "tp", "pp", "zero", "fsdp", "tp+dp", "pp+dp"}
+    assert {p.strategy["pipeline_schedule"] for p in plans if p.pp > 1} == {"gpipe", "1f1b"}
+    assert {p.model["arch"] for p in plans} == {"gpt", "llama", "bert", "mlp", "cnn"}
+    assert len({c.label() for c in grid}) == len(grid)
+    for c, p in zip(grid, plans):
+        if p.is_transformer:
+            RunSpec.from_dict(run_dict(c, HARDWARE))
+    quick = [plan_step(c) for c in step_grid(quick=True)]
+    assert 3 <= len(quick) <= 5 and any(p.world_size > 1 for p in quick)
+
+
+def test_importing_steps_does_not_import_torch():
+    code = "import sys, learnedperf.measure.steps; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_four_process_combinations_match_single_process():
+    # pp+dp exercises the bucketed data-parallel all-reduce after the flush and the tied-embedding group
+    # per replica; tp+pp runs tensor-parallel stages exchanging activations.
+    strat = {**SGD, "global_batch_size": 8}
+    plain = train_losses(StepConfig(GPT, 1, strat, learning_rate=LR), 2)
+    for extra in ({"pp": 2}, {"tp": 2, "pp": 2, "pipeline_schedule": "gpipe"}):
+        losses = train_losses(StepConfig(GPT, 4, {**strat, **extra}, learning_rate=LR), 2)
+        assert losses == pytest.approx(plain, rel=1e-4, abs=1e-5), extra
