@@ -599,7 +599,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         print(f"learnedperf generate: error: {_error_text(exc)}", file=sys.stderr)
         return 1
     counts = manifest.get("counts", {})
-    print(f"wrote {args.out}: " + ", ".join(f"{v} {k}" for k, v in counts.items()) + "; manifest.json")
+    by_source = ", ".join(f"{v} {k}" for k, v in counts.get("by_source", {}).items())
+    print(f"wrote {args.out}: {counts.get('records', 0)} records ({by_source}); manifest.json")
     return 0
 
 

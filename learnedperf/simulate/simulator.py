@@ -214,6 +214,7 @@ class _Builder:
         # ZeRO-1/2 parameter all-gather overlapped into the iteration start (distributed optimizer)
         param_gather: dict[int, int] = {}
         grad_tasks: dict[int, list[int]] = {st.index: [] for st in eg.stages}
+        sharded_grads: dict[int, list[int]] = {st.index: [] for st in eg.stages}  # ZeRO-3/FSDP reduce-scatters
         pbytes = eg.param_bytes_per_param
         gbytes = eg.grad_bytes_per_param
         if zero in (1, 2) and eg.dp_group.size > 1 and s.overlap_param_gather:
@@ -292,9 +293,11 @@ class _Builder:
                             self.compute_part[t] = comp / nseg
                             seg_ends.append(t)
                         if zero >= 3 and eg.dp_group.size > 1:
+                            # FSDP reduce-scatters each micro-batch's gradients as its backward ends, whatever
+                            # overlap_grad_reduce says (deferring them would block later gathers on this stream)
                             op = comm(f"chunk{vs}.fsdp_reducescatter.b{mb}", "reducescatter", "bwd",
                                       chunk.params * gbytes, eg.dp_group, s.reduce_precision)
-                            grad_tasks[i].append(self.collective(dp_streams[i], i, op, (t,), "dp_comm"))
+                            sharded_grads[i].append(self.collective(dp_streams[i], i, op, (t,), "dp_comm"))
                         for seg, g_lat, g_intra, g_inter in grads:
                             dep = (seg_ends[seg],) if overlap else ()
                             grad_tasks[i].append(e.transfer(dp_streams[i], g_lat, self.demands(i, g_intra, g_inter),
@@ -326,7 +329,7 @@ class _Builder:
         self.opt_tasks = []
         for st in eg.stages:
             i = st.index
-            deps = list(grad_tasks[i]) + [e.stream_tasks[self.compute_streams[i]][-1]]
+            deps = list(grad_tasks[i]) + list(sharded_grads[i]) + [e.stream_tasks[self.compute_streams[i]][-1]]
             dur = sum(cost.compute_time_s(op) for op in st.optimizer)
             t = e.compute(self.compute_streams[i], dur, deps, "optimizer", f"optimizer{i}")
             if zero in (1, 2) and eg.dp_group.size > 1 and not s.overlap_param_gather:
@@ -417,12 +420,16 @@ def simulate(run: RunSpec | dict, *, cost: CostModel | None = None, trace: bool 
     extrapolate = not (exact or trace) and m > m2
     if extrapolate:
         t1, bd1, _b1, _ = _simulate_once(run, cost, m1)
-        t2, bd2, b2, _ = _simulate_once(run, cost, m2)
+        t2, bd2, b2, eg = _simulate_once(run, cost, m2)
         slope = (m - m2) / (m2 - m1)
         total = t2 + (t2 - t1) * slope
         bd = {k: max(0.0, bd2[k] + (bd2[k] - bd1[k]) * slope) for k in bd2}
         events = len(b2.e.t_stream)
-        eg = compile_run(run)
+        if s.pp > 1 and s.pipeline_schedule == "gpipe":
+            # GPipe keeps every micro-batch's activations: memory needs the full count. 1F1B and
+            # interleaving stop adding activations after their warm-up (< m2 forwards per stage),
+            # and without a pipeline one micro-batch is in flight, so m2's graph has the peak already.
+            eg = compile_run(run)
     else:
         total, bd, b2, eg = _simulate_once(run, cost, m)
         events = len(b2.e.t_stream)

@@ -1,0 +1,337 @@
+"""The dataset generator: sampler, records, graph store, shards and manifest, splits, resume, Dask.
+
+Expected values are recomputed independently (the simulator on the stored run, the sampler on the
+same seed, a full compile for memory) rather than written down.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from learnedperf.cost import RooflineCost
+from learnedperf.data import load_graph, load_records, run_generate, sample_runs, split_mask, verify
+from learnedperf.data.graphs import EDGE_TYPES, KINDS, PHASES, graph_of
+from learnedperf.data.records import RECORD_COLUMNS
+from learnedperf.data.generate import generate_shard
+from learnedperf.data.sampler import FAMILIES, draw, states_lower_bound_GiB
+from learnedperf.data.splits import SPLITS
+from learnedperf.errors import InputError
+from learnedperf.graph.execution import compile_run
+from learnedperf.measure.records import STEP_COLUMNS, run_id, write_parquet
+from learnedperf.simulate import simulate
+from learnedperf.simulate.memory import peak_memory
+from learnedperf.specs import RunSpec
+from learnedperf.units import GiB
+
+SEED = 7
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def small_set(tmp_path_factory):
+    """40 generated runs, 10 per shard, in this process, without measured runs."""
+    out = tmp_path_factory.mktemp("gen") / "set"
+    manifest = run_generate(40, out, seed=SEED, workers=1, progress=False, measured=False, shard_size=10)
+    return out, manifest
+
+
+# =================================================================== sampler
+def test_sampler_is_deterministic_and_index_local():
+    a = list(sample_runs(24, seed=SEED))
+    assert a == list(sample_runs(24, seed=SEED))
+    assert [i for i, _ in a] == list(range(24))
+    # the i-th run depends on (seed, i) only: a later slice equals the tail of the longer sequence
+    assert list(sample_runs(4, seed=SEED, start=20)) == a[20:]
+    other = list(sample_runs(24, seed=SEED + 1))
+    assert sum(r1 != r2 for (_, r1), (_, r2) in zip(a, other)) >= 20
+    ids = [run_id(r) for _, r in a]
+    assert len(set(ids)) == len(ids)
+    assert not set(ids) & {run_id(r) for _, r in other}
+
+
+def test_every_sampled_run_is_valid_and_fits_unless_asked():
+    for _i, run in sample_runs(40, seed=SEED):
+        spec = RunSpec.from_dict(json.loads(json.dumps(run)))  # the JSON form, as stored
+        # the sampler checks memory on shortened schedules: the full compile must agree
+        assert peak_memory(compile_run(spec)).total / GiB <= spec.hardware.device.memory_GiB
+    kept = [draw(SEED, i, keep_oom=True) for i in range(40)]
+    for s in kept:
+        spec = RunSpec.from_dict(json.loads(json.dumps(s.run)))
+        peak = peak_memory(compile_run(spec)).total / GiB
+        assert (peak <= spec.hardware.device.memory_GiB) == s.fits_in_memory
+        # the cheap bound the sampler rejects with before compiling never exceeds the real peak
+        assert states_lower_bound_GiB(spec) <= peak
+    assert any(not s.fits_in_memory for s in kept)
+
+
+def test_a_simulator_failure_takes_the_next_candidate_of_the_same_index(tmp_path, monkeypatch):
+    import learnedperf.simulate as sim_pkg
+
+    real = sim_pkg.simulate
+    failed = []
+
+    def flaky(spec, **kw):
+        if spec.id == f"gen-{SEED}-2" and not failed:
+            failed.append(spec)
+            raise RuntimeError("boom")
+        return real(spec, **kw)
+
+    monkeypatch.setattr(sim_pkg, "simulate", flaky)
+    entry = generate_shard({"out": str(tmp_path), "shard": 0, "start": 0, "stop": 4, "seed": SEED, "keep_oom": False})
+    assert entry["rejections"].get("simulator error: RuntimeError") == 1
+    df = load_records(tmp_path)
+    runs = dict(zip(df["sample_index"], df["run"]))
+    assert json.loads(runs[2]) == draw(SEED, 2, skip=1).run != draw(SEED, 2).run
+    assert RunSpec.from_dict(draw(SEED, 2).run) == failed[0]
+    assert json.loads(runs[1]) == draw(SEED, 1).run
+
+
+def test_sample_covers_families_devices_scales_and_strategies():
+    samples = [draw(SEED, i) for i in range(400)]
+    specs = [s.spec for s in samples]
+    fam = Counter(s.model.arch for s in specs)
+    assert fam == {f: 100 for f in FAMILIES}  # stratified exactly
+    st = [s.strategy for s in specs]
+    assert {x.pipeline_schedule for x in st if x.pp > 1} == {"gpipe", "1f1b", "interleaved"}
+    assert {x.zero_stage for x in st} == {0, 1, 2, 3}
+    assert any(x.fsdp for x in st)
+    assert {x.recompute for x in st} == {"none", "selective", "full"}
+    assert any(x.sequence_parallel for x in st)
+    assert any(x.cp > 1 for x in st) and any(x.ep > 1 for x in st) and any(x.tp >= 8 for x in st)
+    assert len({x.precision for x in st}) >= 4
+    n = [s.hardware.num_devices for s in specs]
+    assert min(n) == 1 and max(n) >= 8192 and any(v % 3 == 0 for v in n)
+    runs = [s.run for s in samples]
+    assert any(isinstance(r["model"], str) for r in runs) and any(isinstance(r["model"], dict) for r in runs)
+    assert any("cluster" in r["hardware"] for r in runs)
+    assert any(isinstance(r["hardware"].get("device"), dict) for r in runs)  # synthetic devices
+    assert len({s.hardware.device.name for s in specs if not s.hardware.device.name.startswith("synthetic")}) >= 15
+
+
+# ================================================================ generation
+def test_generation_writes_n_unique_records_equal_to_the_simulator(small_set):
+    out, manifest = small_set
+    df = load_records(out)
+    assert list(df.columns) == list(RECORD_COLUMNS)
+    assert len(df) == 40 and df["run_id"].is_unique
+    assert set(df["run_id"]) == {run_id(r) for _, r in sample_runs(40, seed=SEED)}
+    assert (df["source"] == "simulated").all() and (df["origin"] == "generator").all()
+    assert sorted(df["sample_index"]) == list(range(40))
+    for _, row in df.iloc[::13].iterrows():
+        run = json.loads(row["run"])
+        assert run_id(run) == row["run_id"]
+        pred = simulate(RunSpec.from_dict(run)).to_prediction()
+        assert row["iteration_time_ms"] == pytest.approx(pred["iteration_time_ms"], rel=1e-12)
+        assert row["peak_memory_GiB"] == pytest.approx(pred["peak_memory_GiB"], rel=1e-12)
+        assert row["pipeline_bubble_ms"] == pytest.approx(pred["breakdown_ms"]["pipeline_bubble"], rel=1e-9, abs=1e-9)
+        assert bool(row["fits_in_memory"]) == pred["fits_in_memory"]
+    # the top level holds exactly the n generated runs: a plain glob of *.parquet sees n run ids
+    import pandas as pd
+
+    top = pd.concat([pd.read_parquet(f, columns=["run_id"]) for f in sorted(out.glob("*.parquet"))])
+    assert len(top) == 40 and top["run_id"].nunique() == 40
+    assert manifest["counts"]["by_source"] == {"simulated": 40}
+    assert sum(manifest["counts"]["simulated_by_family"].values()) == 40
+    assert manifest["sampler"]["attempts"] >= 40
+    assert verify(out)["files"] == manifest["files"]
+    assert len(manifest["files"]) == 2 * 4  # records and graphs of 4 shards
+
+
+def test_graph_store_round_trip(small_set):
+    out, _ = small_set
+    df = load_records(out)
+    for _, row in df.iloc[::17].iterrows():
+        g = load_graph(out, row["run_id"])
+        assert g["num_nodes"] == row["graph_num_nodes"] and g["edge_index"].shape == (2, row["graph_num_edges"])
+        assert g["edge_index"].max() < g["num_nodes"] and g["edge_type"].max() < len(EDGE_TYPES)
+        # the stored graph equals one rebuilt from the stored run
+        spec = RunSpec.from_dict(json.loads(row["run"]))
+        ref = graph_of(compile_run(spec), RooflineCost(spec.hardware))
+        for key in ("kind", "phase", "flops", "bytes", "repeat", "per_iteration", "stage", "shape", "edge_index"):
+            assert (g[key] == ref[key]).all(), key
+        fwd = g["phase"] == PHASES.index("fwd")
+        assert set(g["per_iteration"][fwd & ~g["is_comm"]].tolist()) == {spec.num_microbatches}
+        assert (load_graph(out, row["run_id"], shard=row["graph_shard"])["flops"] == g["flops"]).all()
+    with pytest.raises(InputError, match="no graph"):
+        load_graph(out, "0000000000000000")
+
+
+def test_graph_of_a_large_run_stays_small():
+    # Megatron SC21's largest run: 1T parameters on 3072 A100s, tp 8, pp 64, dp 6
+    run = {"model": "megatron-1t", "hardware": {"cluster": "selene", "num_devices": 3072},
+           "strategy": {"tp": 8, "pp": 64, "dp": 6, "micro_batch_size": 1, "global_batch_size": 3072,
+                        "recompute": "full", "precision": "fp16"}}
+    spec = RunSpec.from_dict(run)
+    g = graph_of(compile_run(spec, 3 * 64), RooflineCost(spec.hardware))
+    assert g["num_nodes"] <= 2000
+    # identical middle stages are one group standing for the 62 of them
+    assert g["stage_repeat"].max() == 62 and set(g["stage"].tolist()) == {0, 1, 63}
+    kinds = {KINDS[k] for k in g["kind"]}
+    assert {"matmul", "allreduce", "p2p", "optimizer"} <= kinds
+    assert (g["edge_type"] == EDGE_TYPES.index("pipeline")).any()
+
+
+def test_split_masks_are_consistent(small_set):
+    out, manifest = small_set
+    df = load_records(out)
+    for name in SPLITS:
+        test = split_mask(df, name)
+        assert manifest["splits"][name]["counts"] == {"train": int((~test).sum()), "test": int(test.sum())}
+    fam = split_mask(df, "unseen_family")
+    assert set(df.loc[fam, "arch"]) <= {"llama"} and "llama" not in set(df.loc[~fam, "arch"])
+    scale = split_mask(df, "unseen_scale")
+    assert scale.any() and (~scale).any()
+    assert df.loc[scale, "num_devices"].min() > df.loc[~scale, "num_devices"].max()
+    dev = split_mask(df, "unseen_device")
+    assert not set(df.loc[dev, "device_type"]) & set(df.loc[~dev, "device_type"])
+    with pytest.raises(InputError, match="unknown split"):
+        split_mask(df, "nope")
+
+
+def test_manifest_detects_a_corrupted_shard(small_set, tmp_path):
+    out = tmp_path / "copy"
+    shutil.copytree(small_set[0], out)
+    verify(out)
+    shard = out / "records-00001.parquet"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(InputError, match=r"records-00001\.parquet.*corrupted"):
+        verify(out)
+    shard.unlink()
+    with pytest.raises(InputError, match=r"records-00001\.parquet.*missing"):
+        verify(out)
+    # a resume regenerates exactly the broken shard
+    manifest = run_generate(40, out, seed=SEED, workers=1, progress=False, measured=False, shard_size=10)
+    assert manifest["files"] == small_set[1]["files"]
+
+
+def test_other_arguments_in_an_existing_directory_are_refused(small_set, tmp_path):
+    out, manifest = small_set
+    with pytest.raises(InputError, match="n: 40 there, 41 now"):
+        run_generate(41, out, seed=SEED, workers=1, progress=False, measured=False, shard_size=10)
+    with pytest.raises(InputError, match="seed"):
+        run_generate(40, out, seed=SEED + 1, workers=1, progress=False, measured=False, shard_size=10)
+    again = run_generate(40, out, seed=SEED, workers=1, progress=False, measured=False, shard_size=10)
+    assert again["files"] == manifest["files"]
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    with pytest.raises(InputError, match="not empty"):
+        run_generate(5, other, seed=0, workers=1, progress=False, measured=False)
+    for bad in ({"n": 0}, {"n": "5"}, {"seed": -1}, {"workers": 0}, {"shard_size": 0}):
+        args = {"n": 5, "seed": 0, "workers": 1, "shard_size": None, **bad}
+        with pytest.raises(InputError, match=next(iter(bad))):
+            run_generate(args["n"], tmp_path / "bad", seed=args["seed"], workers=args["workers"], progress=False,
+                         measured=False, shard_size=args["shard_size"])
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(InputError, match="not a directory"):
+        run_generate(5, tmp_path / "afile", seed=0, workers=1, progress=False, measured=False)
+
+
+def test_resume_after_sigkill(tmp_path):
+    out = tmp_path / "killed"
+    n, size = 120, 5
+    cmd = [sys.executable, "-m", "learnedperf.data.generate", "--n", str(n), "--out", str(out), "--seed", "3",
+           "--workers", "1", "--shard-size", str(size), "--no-measured", "--no-progress"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
+    deadline = time.monotonic() + 60
+    while not (out / "records-00000.parquet").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (out / "manifest.json").exists(), "the generation finished before the kill: make n larger"
+    finished = len(list(out.glob("records-*.parquet")))
+    assert 0 < finished < n // size
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr
+    df = load_records(out)
+    assert len(df) == n and df["run_id"].nunique() == n
+    assert set(df["run_id"]) == {run_id(r) for _, r in sample_runs(n, seed=3)}
+    manifest = verify(out)
+    assert manifest["counts"]["by_source"] == {"simulated": n}
+    assert len(manifest["files"]) == 2 * (n // size)
+    assert not list(out.rglob(".*.tmp-*"))
+
+
+def test_dask_local_cluster_gives_the_same_records(small_set, tmp_path):
+    distributed = pytest.importorskip("distributed")
+    # worker processes: the tasks travel pickled by reference to learnedperf.data.generate, as on a real cluster
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                  dashboard_address=None) as cluster:
+        manifest = run_generate(12, tmp_path / "dask", seed=SEED, scheduler=cluster.scheduler_address,
+                                progress=False, measured=False, shard_size=4)
+    assert manifest["counts"]["by_source"] == {"simulated": 12}
+    df = load_records(tmp_path / "dask").set_index("run_id")
+    ref = load_records(small_set[0]).set_index("run_id")
+    # the first 12 sample indices of the same seed: the same runs and the same targets as the local path
+    assert set(df.index) <= set(ref.index)
+    assert (df["iteration_time_ms"] == ref.loc[df.index, "iteration_time_ms"]).all()
+
+
+def _step(run: dict, t_ms: float, arch: str | None = None) -> dict:
+    from learnedperf.measure.ingest import step_record
+
+    if arch is None:
+        return step_record(run, t_ms, source="measured", iteration_p10_ms=0.9 * t_ms, iteration_p90_ms=1.2 * t_ms,
+                           repeats=5, peak_memory_MiB=512.0, backend="none", host="host-x",
+                           measured_at="2026-01-01T00:00:00+00:00")
+    rec = step_record(run, t_ms, source="measured")
+    rec.update(arch=arch, run=json.dumps({**run, "model": {"arch": arch, "name": arch}}), run_id="x" * 16)
+    return rec
+
+
+def test_measured_rows_join_the_records(tmp_path):
+    device = {"name": "test-cpu", "peak_tflops": {"fp32": 1.0}, "memory_bandwidth_GBps": 20.0, "memory_GiB": 16.0}
+    run = {"model": {"arch": "gpt", "name": "gpt-tiny", "num_layers": 2, "hidden_size": 128,
+                     "num_attention_heads": 4, "vocab_size": 1000, "seq_length": 64},
+           "hardware": {"device": device, "num_devices": 1},
+           "strategy": {"micro_batch_size": 2, "global_batch_size": 4, "precision": "fp32"}}
+    steps = [_step(run, 12.5), _step(run, 13.0), _step(run, 20.0, arch="mlp")]
+    write_parquet(steps, tmp_path / "measured" / "host-x" / "steps.parquet", STEP_COLUMNS, "step")
+    out = tmp_path / "set"
+    manifest = run_generate(8, out, seed=SEED, workers=1, progress=False, measured=True,
+                            measured_paths=[tmp_path / "measured"], vtrain=False)
+    df = load_records(out)
+    meas = df[df["source"] == "measured"]
+    assert len(meas) == 1 and len(df) == 9
+    row = meas.iloc[0]
+    assert row["run_id"] == run_id(run) and row["iteration_time_ms"] == 12.5
+    assert row["iteration_p10_ms"] == pytest.approx(0.9 * 12.5) and row["host"] == "host-x"
+    assert row["peak_memory_GiB"] == pytest.approx(0.5)
+    pred = simulate(RunSpec.from_dict(run)).to_prediction()
+    assert row["sim_iteration_time_ms"] == pytest.approx(pred["iteration_time_ms"], rel=1e-12)
+    assert row["origin"].endswith("host-x") and row["sample_index"] == -1
+    assert load_graph(out, row["run_id"])["num_nodes"] == row["graph_num_nodes"]
+    skipped = manifest["skipped"]["measured"]
+    assert sum(skipped.values()) == 2
+    assert any("'mlp'" in k for k in skipped) and any("duplicate" in k for k in skipped)
+    assert manifest["counts"]["by_source"] == {"measured": 1, "simulated": 8}
+    assert len(load_records(out, sources=["simulated"])) == 8
+
+
+def test_vtrain_rows_become_measured_records():
+    from learnedperf.data.generate import measured_rows
+    from learnedperf.measure.public import default_shared_data, vtrain_step_records
+
+    if not (default_shared_data() / "vtrain" / "ground_truth_single_node.csv").exists():
+        pytest.skip("../shared/data/vtrain not available")
+    steps = vtrain_step_records()[:6]
+    skipped, no_pred, graphs, ids = Counter(), Counter(), [], []
+    recs = measured_rows(steps, "vtrain", set(), skipped, no_pred, "_graphs/measured-00000.parquet", graphs, ids)
+    assert len(recs) == 6 and not skipped and not no_pred and len(graphs) == 6
+    for rec, step in zip(recs, steps):
+        assert rec["source"] == "measured" and rec["origin"] == "vtrain"
+        assert rec["run_id"] == step["run_id"] and rec["iteration_time_ms"] == step["iteration_time_ms"]
+        pred = simulate(RunSpec.from_dict(json.loads(step["run"]))).to_prediction()
+        assert rec["sim_iteration_time_ms"] == pytest.approx(pred["iteration_time_ms"], rel=1e-12)
