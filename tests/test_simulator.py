@@ -269,3 +269,30 @@ def test_prediction_fields_are_consistent():
     assert p["tflops_per_device"] == pytest.approx(flops / t / 8 / 1e12, rel=1e-2)
     assert p["mfu"] == pytest.approx(p["tflops_per_device"] / 312.0, rel=1e-12)
     assert math.isfinite(p["peak_memory_GiB"]) and p["peak_memory_GiB"] > 0
+
+
+@pytest.mark.parametrize("sharding", [{"zero_stage": 3}, {"fsdp": True}])
+def test_fully_sharded_without_overlap_completes_and_is_not_faster(sharding):
+    """ZeRO-3 / FSDP reduce-scatter every micro-batch; turning overlap off must not deadlock the schedule
+    and cannot make the iteration faster than with overlap."""
+    kw = dict(num_devices=8, dp=8, micro_batch_size=1, global_batch_size=32, **sharding)
+    overlapped = simulate(make_run(GPT_SMALL, **kw), cost=roofline(make_run(GPT_SMALL, **kw))).iteration_time_s
+    run = make_run(GPT_SMALL, overlap_grad_reduce=False, **kw)
+    serial = simulate(run, cost=roofline(run)).iteration_time_s
+    assert serial >= overlapped * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("kw", [
+    dict(pp=4, global_batch_size=64, pipeline_schedule="1f1b"),
+    dict(pp=4, global_batch_size=64, pipeline_schedule="interleaved", virtual_pipeline_stages=2),
+    dict(pp=4, global_batch_size=64, pipeline_schedule="gpipe"),
+    dict(pp=1, global_batch_size=64),
+])
+def test_extrapolated_peak_memory_equals_the_full_compilation(kw):
+    """Peak memory of an extrapolated run (taken from a short schedule) equals that of every micro-batch compiled."""
+    from learnedperf.simulate.memory import peak_memory
+
+    run = make_run(UNIFORM, num_devices=kw["pp"], micro_batch_size=1, **kw)
+    res = simulate(run, cost=roofline(run))
+    assert res.extrapolated
+    assert res.memory.total == pytest.approx(peak_memory(compile_run(run)).total, rel=1e-12)
