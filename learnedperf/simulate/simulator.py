@@ -105,7 +105,7 @@ class _Builder:
         self.links: dict[tuple[int, str], int] = {}
         self.compute_part: dict[int, float] = {}  # task -> seconds of kernels (rest: blocking collectives)
         self.comm_memo: dict[tuple, object] = {}
-        self.grad_memo: dict[tuple, list] = {}
+        self.grad_memo: dict[tuple, tuple] = {}
 
     def link(self, stage: int, level: str) -> int:
         key = (stage, level)
