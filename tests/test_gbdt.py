@@ -1,0 +1,142 @@
+"""Operator feature schema, the LightGBM op-time regressor, its storage and the learned cost model."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import A100_LIKE, GPT_SMALL, make_run
+from learnedperf.errors import InputError
+from learnedperf.features import OP_FEATURE_SCHEMA, op_features, op_features_from_ops
+from learnedperf.graph.ops import Op
+from learnedperf.models import LearnedOpCost, OpTimeRegressor
+from learnedperf.simulate import simulate
+
+#: Frozen copy of the schema: changing names or order must come with a version bump (and this list).
+EXPECTED_V1 = (
+    [f"kind={k}" for k in ("matmul", "attention", "softmax", "layernorm", "rmsnorm", "elementwise", "embedding",
+                           "cross_entropy", "optimizer", "conv", "other")]
+    + [f"direction={d}" for d in ("fwd", "bwd", "fwd+bwd", "opt")]
+    + [f"dtype={d}" for d in ("fp32", "tf32", "bf16", "fp16", "fp8")]
+    + ["causal", "log_flops", "log_bytes", "log_intensity"]
+    + [f"log_dim{i}" for i in range(5)]
+    + ["num_dims", "log_peak_flops", "log_mem_bw_Bps", "log_ridge", "num_sms", "l2_cache_MiB", "clock_MHz",
+       "log_bytes_per_l2", "log_compute_s", "log_memory_s", "log_roofline_s"]
+)
+
+DEVICES = [
+    {"name": "dev-a", "peak_tflops": {"fp32": 19.5, "bf16": 312.0}, "memory_bandwidth_GBps": 2039.0,
+     "memory_GiB": 80.0, "num_sms": 108, "l2_cache_MiB": 40.0, "clock_MHz": 1410.0},
+    {"name": "dev-b", "peak_tflops": {"fp32": 14.0}, "memory_bandwidth_GBps": 900.0, "memory_GiB": 32.0,
+     "num_sms": 80, "l2_cache_MiB": 6.0, "clock_MHz": 1370.0},
+    {"name": "dev-c", "peak_tflops": {"fp32": 8.1, "fp16": 65.0}, "memory_bandwidth_GBps": 320.0,
+     "memory_GiB": 16.0, "num_sms": 40, "l2_cache_MiB": 4.0, "clock_MHz": 1590.0},
+]
+
+
+def synthetic_records(n: int, seed: int) -> pd.DataFrame:
+    """GEMM records whose time is known in closed form: 1.25 × the roofline bound."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        dev = DEVICES[i % len(DEVICES)]
+        m, nn, k = (int(2 ** rng.uniform(5, 13)) for _ in range(3))
+        dtype = "fp32" if rng.random() < 0.5 else "bf16"
+        e = 4 if dtype == "fp32" else 2
+        flops = 2.0 * m * nn * k
+        nbytes = float((m * k + k * nn + m * nn) * e)
+        peak = (dev["peak_tflops"].get(dtype) or dev["peak_tflops"]["fp32"]) * 1e12
+        t_s = 1.25 * max(flops / peak, nbytes / (dev["memory_bandwidth_GBps"] * 1e9), 1e-9)
+        rows.append({"op": "linear", "kind": "matmul", "direction": "fwd", "shape": json.dumps([1, m, nn, k]),
+                     "params": "{}", "dtype": dtype, "flops": flops, "bytes": nbytes, "time_ms": t_s * 1e3,
+                     "device": json.dumps(dev), "device_name": dev["name"]})
+    return pd.DataFrame(rows)
+
+
+@pytest.fixture(scope="module")
+def fitted() -> OpTimeRegressor:
+    return OpTimeRegressor(n_estimators=60, num_leaves=15).fit_records(synthetic_records(600, 0))
+
+
+def test_schema_is_stable():
+    assert OP_FEATURE_SCHEMA.version == 1
+    assert OP_FEATURE_SCHEMA.names == EXPECTED_V1
+    assert all(desc for _, desc in OP_FEATURE_SCHEMA.features)
+    assert OP_FEATURE_SCHEMA.to_dict()["names"] == EXPECTED_V1
+
+
+def test_features_finite_and_same_from_records_and_ops():
+    df = synthetic_records(30, 1)
+    X = op_features(df)
+    assert X.dtype == np.float32 and X.shape == (30, len(EXPECTED_V1))
+    assert np.isfinite(X).all()
+    # the inference path gives the same rows for the same ops on the same device
+    row = df.iloc[0]
+    op = Op("x", "matmul", "fwd", row["flops"], row["bytes"], row["dtype"], tuple(json.loads(row["shape"])))
+    Xo = op_features_from_ops([op], json.loads(row["device"]))
+    np.testing.assert_allclose(Xo[0], X[0], rtol=1e-6)
+    # an op with no FLOPs and no bytes (and an unknown dtype) still has finite features
+    empty = Op("e", "other", "recompute", 0.0, 0.0, "int8", ())
+    assert np.isfinite(op_features_from_ops([empty], DEVICES[1])).all()
+
+
+def test_regressor_learns_closed_form_target(fitted):
+    test = synthetic_records(200, 7)
+    pred = fitted.predict_records(test)
+    rel = np.abs(pred / test.time_ms.to_numpy() - 1)
+    assert np.median(rel) < 0.02 and rel.max() < 0.05
+
+
+def test_save_load_round_trip(fitted, tmp_path):
+    fitted.save(tmp_path)
+    loaded = OpTimeRegressor.load(tmp_path)
+    X = op_features(synthetic_records(50, 3))
+    np.testing.assert_array_equal(loaded.predict(X), fitted.predict(X))
+    assert "pickle" not in (tmp_path / "op_time_model.txt").read_text()[:100]
+
+
+def test_load_rejects_tampered_truncated_or_incompatible(fitted, tmp_path):
+    d = fitted.save(tmp_path / "m")
+    model = d / "op_time_model.txt"
+    text = model.read_text()
+    model.write_text(text[: len(text) // 2])
+    with pytest.raises(InputError, match="sha256"):
+        OpTimeRegressor.load(d)
+    model.write_text(text)
+    meta_path = d / "op_time_model.json"
+    meta = json.loads(meta_path.read_text())
+    meta["feature_schema"]["version"] = 999
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(InputError, match="version"):
+        OpTimeRegressor.load(d)
+    meta["feature_schema"]["version"] = OP_FEATURE_SCHEMA.version
+    meta["feature_schema"]["names"] = list(reversed(meta["feature_schema"]["names"]))
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(InputError, match="names"):
+        OpTimeRegressor.load(d)
+    meta_path.write_text("{not json")
+    with pytest.raises(InputError):
+        OpTimeRegressor.load(d)
+    with pytest.raises(InputError, match="cannot read"):
+        OpTimeRegressor.load(tmp_path / "nowhere")
+
+
+def test_learned_cost_drives_the_simulator(fitted):
+    run = make_run(GPT_SMALL, num_devices=2, tp=2, micro_batch_size=1, global_batch_size=2, precision="bf16")
+    assert run.hardware.device.name == A100_LIKE["name"]
+    cost = LearnedOpCost(run.hardware, fitted)
+    res = simulate(run, cost=cost)
+    assert res.iteration_time_s > 0 and np.isfinite(res.iteration_time_s)
+    assert cost._cache  # ops were costed through the regressor
+
+
+def test_excluded_features_do_not_change_predictions(fitted):
+    X = op_features(synthetic_records(20, 5))
+    X2 = X.copy()
+    X2[:, OP_FEATURE_SCHEMA.index("num_sms")] += 1000.0  # an excluded raw device descriptor
+    np.testing.assert_array_equal(fitted.predict(X2), fitted.predict(X))
+    with pytest.raises(InputError):
+        OpTimeRegressor(exclude_features=["no_such_feature"])
