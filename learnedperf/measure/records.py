@@ -28,7 +28,6 @@ import hashlib
 import json
 import platform
 import socket
-import sys
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable
@@ -182,7 +181,6 @@ def write_manifest(directory: str | Path, *, command: str, host: dict, extra: di
         "command": command,
         "host": host,
         "software": software_versions(),
-        "python_executable": sys.executable,
         "files": files,
         **(extra or {}),
     }
