@@ -31,7 +31,8 @@ from learnedperf.cost import RooflineCost
 from learnedperf.data import run_generate
 from learnedperf.data.graphs import build_graph, graphs_table
 from learnedperf.data.records import records_table, simulated_record
-from learnedperf.data.sampler import draw, memory_microbatches
+from learnedperf.data.sampler import draw
+from learnedperf.simulate.memory import memory_microbatches
 from learnedperf.data.store import write_table_atomic
 from learnedperf.graph.execution import compile_run
 from learnedperf.simulate import simulate

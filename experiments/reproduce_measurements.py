@@ -36,7 +36,7 @@ def main(argv: list[str]) -> int:
 
     from learnedperf.measure.ops import OpCase, profile_op
     from learnedperf.measure.records import verify_manifest
-    from learnedperf.measure.steps import StepConfig, measure_step
+    from learnedperf.measure.steps import STRATEGY_DEFAULTS, StepConfig, measure_step
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("dataset", type=Path)
@@ -63,9 +63,8 @@ def main(argv: list[str]) -> int:
     for rec in sample.to_dict("records"):
         run = json.loads(rec["run"])
         hw = dict(run["hardware"])
-        strategy = {k: v for k, v in run["strategy"].items()
-                    if k in ("tp", "pp", "dp", "micro_batch_size", "global_batch_size", "pipeline_schedule",
-                             "zero_stage", "fsdp", "grad_bucket_size_MiB", "precision", "recompute", "optimizer")}
+        # the run records every strategy field; a step config takes the keys measure_step understands
+        strategy = {k: v for k, v in run["strategy"].items() if k in STRATEGY_DEFAULTS}
         if strategy.get("fsdp"):
             strategy.pop("zero_stage", None)
         config = StepConfig(run["model"], int(rec["world_size"]), strategy, warmup=int(rec["warmup"]),

@@ -36,8 +36,8 @@ A candidate that does not fit is redrawn with less memory-hungry settings (highe
 ZeRO stage, full recompute, smaller micro-batch) up to three times, then from
 scratch. Memory is checked exactly (the simulator's ``peak_memory`` of the
 compiled run, on schedules shortened to the warm-up that sets the peak: see
-:func:`memory_microbatches`), after a cheap lower bound has rejected hopeless
-candidates without compiling them (:func:`states_lower_bound_GiB`).
+:func:`learnedperf.simulate.memory.memory_microbatches`), after a cheap lower bound has
+rejected hopeless candidates without compiling them (:func:`states_lower_bound_GiB`).
 
 Each sampled run carries ``"id": "gen-<seed>-<index>"``, so run ids (the hash of the
 run) are unique across indices and seeds by construction; ``config_id`` (the hash
@@ -86,8 +86,9 @@ class Sample:
         run: run-format dict (``model``, ``hardware``, ``strategy``, ``id``).
         spec: the validated :class:`~learnedperf.specs.RunSpec`.
         graph: the compiled :class:`~learnedperf.graph.execution.ExecutionGraph` (reused by the
-            generator for the graph store), compiled with :func:`memory_microbatches` micro-batches:
-            its schedules are shortened, everything else is the run's.
+            generator for the graph store), compiled with
+            :func:`learnedperf.simulate.memory.memory_microbatches` micro-batches: its schedules are
+            shortened, everything else is the run's.
         fits_in_memory: whether the peak memory fits the device.
         attempts: candidates drawn for this index (1 = the first was taken).
         rejections: reason → number of candidates rejected before this one.
@@ -365,25 +366,6 @@ def _hardware_spec(hw: dict) -> Any:
     return spec
 
 
-def memory_microbatches(spec: Any) -> int:
-    """Fewest micro-batches whose compiled schedules have the run's peak memory.
-
-    Peak memory depends on the micro-batch count only through the activations in flight on a
-    stage, which stop growing after the warm-up: at most ``(p-1)·2 + (v-1)·p`` forwards for the
-    interleaved schedule (``p-1`` for 1F1B, 1 without a pipeline). ``3·p`` micro-batches (a multiple
-    of ``p``, as interleaving needs) reach it; GPipe keeps every micro-batch in flight and needs all.
-    Compiling this many instead of thousands keeps the sampler's memory check cheap.
-    """
-    s = spec.strategy
-    m = spec.num_microbatches
-    if s.pp == 1:
-        return min(m, 2)
-    if s.pipeline_schedule == "gpipe":
-        return m
-    # 1F1B: p-1-stage warm-up forwards < p; interleaved: (p-1)·2 + (v-1)·p < 2·p·v units
-    return min(m, 2 * s.pp if s.pipeline_schedule == "interleaved" else s.pp)
-
-
 def states_lower_bound_GiB(spec: Any) -> float:
     """A lower bound of the peak memory per device: the model states of an average pipeline stage.
 
@@ -419,7 +401,7 @@ def draw(seed: int, index: int, keep_oom: bool = False, skip: int = 0) -> Sample
         LearnedPerfError: no acceptable candidate in :data:`MAX_ATTEMPTS` draws (a sampler bug).
     """
     from ..graph.execution import compile_run
-    from ..simulate.memory import peak_memory
+    from ..simulate.memory import memory_microbatches, peak_memory
     from ..specs import RunSpec
     from ..units import GiB
 

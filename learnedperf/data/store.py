@@ -30,6 +30,7 @@ from typing import Any, Iterable, Optional
 
 from ..errors import InputError
 from ..io import load_json_file
+from ..measure.records import sha256_file, verify_files
 
 MANIFEST = "manifest.json"
 CONFIG = "generate.json"
@@ -57,13 +58,6 @@ def measured_records_name(part: int = 0) -> str:
 def measured_graphs_name(part: int = 0) -> str:
     """Relative path of the graph shard of measured records shard ``part``."""
     return f"{GRAPH_DIR}/measured-{part:05d}.parquet"
-
-
-def sha256_file(path: str | Path) -> str:
-    """Hex sha256 of a file (the same function as measured data sets use)."""
-    from ..measure.records import sha256_file as sha
-
-    return sha(path)
 
 
 def write_table_atomic(table: Any, path: Path, compression: str = "zstd") -> str:
@@ -147,12 +141,7 @@ def verify(directory: str | Path) -> dict:
     manifest = load_json_file(path)
     if not isinstance(manifest, dict) or manifest.get("format") != DATASET_FORMAT:
         raise InputError(f"{path}: not a learnedperf data set manifest")
-    for rel, info in sorted(manifest.get("files", {}).items()):
-        f = directory / rel
-        if not f.is_file():
-            raise InputError(f"{f}: shard listed in {MANIFEST} is missing")
-        if sha256_file(f) != info.get("sha256"):
-            raise InputError(f"{f}: corrupted shard: sha256 differs from {MANIFEST}")
+    verify_files(directory, manifest.get("files", {}), MANIFEST, what="shard")
     return manifest
 
 
@@ -209,5 +198,5 @@ def load_records(directory: str | Path, columns: Optional[list[str]] = None,
 
 __all__ = ["CONFIG", "DATASET_FORMAT", "GRAPH_DIR", "MANIFEST", "MEASURED_DIR", "PROGRESS", "append_progress",
            "graphs_name", "load_records", "measured_graphs_name", "measured_records_name", "read_progress",
-           "record_files", "records_name", "remove_temporaries", "sha256_file", "verify", "write_json_atomic",
+           "record_files", "records_name", "remove_temporaries", "verify", "write_json_atomic",
            "write_table_atomic"]

@@ -201,10 +201,20 @@ def verify_manifest(directory: str | Path) -> dict:
     manifest = load_json_file(path)
     if not isinstance(manifest, dict):
         raise InputError(f"{path}: expected a JSON object")
-    for name, info in manifest.get("files", {}).items():
-        f = directory / name
-        if not f.exists():
-            raise InputError(f"{f}: listed in {path.name} but missing")
-        if sha256_file(f) != info.get("sha256"):
-            raise InputError(f"{f}: sha256 differs from {path.name} (file changed or corrupted)")
+    verify_files(directory, manifest.get("files", {}), path.name)
     return manifest
+
+
+def verify_files(directory: str | Path, files: dict, listed_in: str, what: str = "file") -> None:
+    """Check that every ``{relative name: {"sha256": ...}}`` of ``files`` exists with that sha256.
+
+    Raises:
+        InputError: naming the missing, changed or corrupted file (``what`` says what it is).
+    """
+    directory = Path(directory)
+    for name, info in sorted(files.items()):
+        f = directory / name
+        if not f.is_file():
+            raise InputError(f"{f}: {what} listed in {listed_in} is missing")
+        if sha256_file(f) != info.get("sha256"):
+            raise InputError(f"{f}: sha256 differs from {listed_in} ({what} changed or corrupted)")

@@ -77,6 +77,25 @@ def layer_activation_bytes(eg: ExecutionGraph) -> float:
     return replicated / (t if sp else 1) + (sharded + scores) / t
 
 
+def memory_microbatches(run) -> int:
+    """Fewest micro-batches whose compiled schedules already reach ``run``'s peak memory.
+
+    Peak memory depends on the micro-batch count only through the activations in flight on a
+    stage, which stop growing after the warm-up: ``p - 1`` forwards for 1F1B, at most
+    ``(p-1)·2 + (v-1)·p < 2·p·v`` chunk forwards for the interleaved schedule (reached with ``2·p``
+    micro-batches, a multiple of ``p`` as interleaving needs), one without a pipeline; GPipe keeps
+    every micro-batch in flight and needs them all. Compiling this many instead of thousands keeps
+    memory checks cheap.
+    """
+    s = run.strategy
+    m = run.num_microbatches
+    if s.pp == 1:
+        return min(m, 2)
+    if s.pipeline_schedule == "gpipe":
+        return m
+    return min(m, 2 * s.pp if s.pipeline_schedule == "interleaved" else s.pp)
+
+
 def in_flight_microbatches(schedule: list[tuple[str, int, int]]) -> int:
     """Largest number of forward units whose backward has not yet run, along a stage's schedule."""
     live = peak = 0

@@ -25,7 +25,7 @@ from ..graph.transformer import model_flops_per_iteration
 from ..specs import RunSpec
 from ..units import GiB
 from .engine import Engine
-from .memory import MemoryBreakdown, peak_memory
+from .memory import MemoryBreakdown, memory_microbatches, peak_memory
 
 SIMULATOR_VERSION = "0.1.0"
 
@@ -425,10 +425,7 @@ def simulate(run: RunSpec | dict, *, cost: CostModel | None = None, trace: bool 
         total = t2 + (t2 - t1) * slope
         bd = {k: max(0.0, bd2[k] + (bd2[k] - bd1[k]) * slope) for k in bd2}
         events = len(b2.e.t_stream)
-        if s.pp > 1 and s.pipeline_schedule == "gpipe":
-            # GPipe keeps every micro-batch's activations: memory needs the full count. 1F1B and
-            # interleaving stop adding activations after their warm-up (< m2 forwards per stage),
-            # and without a pipeline one micro-batch is in flight, so m2's graph has the peak already.
+        if m2 < memory_microbatches(run):  # m2's graph has the peak memory unless activations still grow
             eg = compile_run(run)
     else:
         total, bd, b2, eg = _simulate_once(run, cost, m)
