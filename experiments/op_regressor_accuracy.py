@@ -9,7 +9,16 @@ with its default (fitted) constants on the same rows.
 
 Prints MAPE (and median APE) of operator time per held-out device and per op kind.
 
+``--with-graph-nodes`` also trains a second regressor per held-out device on the same rows plus
+the operator records of NeuSight's whole-model graph nodes (``neusight_graph_nodes.parquet``,
+:func:`~learnedperf.measure.public.neusight_graph_ops`) of the *other* devices, and prints its
+MAPE on the same held-out kernel records next to the first one's, and on the held-out device's own
+graph-node records when it has any (``graph-nodes`` rows). ``--graph-modes`` picks the graphs:
+``train`` (the default; NeuSight has training graphs of V100 only, so every held-out device but
+V100 gains them) or ``train,inf`` (inference graphs, forward nodes, of all five GPUs as well).
+
     python experiments/op_regressor_accuracy.py [--rows-per-device 30000] [--n-estimators 300]
+                                                [--with-graph-nodes [--graph-modes train,inf]]
 """
 
 from __future__ import annotations
@@ -17,19 +26,16 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from learnedperf.cost import RooflineCost
 from learnedperf.graph.ops import Op
-from learnedperf.measure.public import load_neusight_ops
+from learnedperf.measure.public import load_neusight_graph_nodes, neusight_graph_ops
 from learnedperf.models import OpTimeRegressor
+from learnedperf.models.gbdt import load_op_training_data
 from learnedperf.specs import HardwareSpec
-
-ROOT = Path(__file__).resolve().parents[1]
-CPU_OPS = ROOT / "datasets" / "measured" / "vm-xeon-2c" / "ops_cpu.parquet"
 
 
 def roofline_ms(df: pd.DataFrame) -> np.ndarray:
@@ -57,14 +63,24 @@ def main() -> None:
     ap.add_argument("--rows-per-device", type=int, default=30000)
     ap.add_argument("--n-estimators", type=int, default=300)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--with-graph-nodes", action="store_true",
+                    help="also train with the graph-node ops of the other devices and compare")
+    ap.add_argument("--graph-modes", default="train", help="graphs to use: 'train' or 'train,inf'")
     args = ap.parse_args()
 
     t0 = time.perf_counter()
-    frames = [load_neusight_ops()]
-    if CPU_OPS.exists():
-        frames.append(pd.read_parquet(CPU_OPS))
-    df = pd.concat(frames, ignore_index=True)
-    df = df[(df["time_ms"] > 0) & df["kind"].notna()].reset_index(drop=True)
+    # NeuSight's kernels + every ops_*.parquet of datasets/measured/* (the CPU's today), compute kinds
+    # only, positive times only: the default model's training records
+    df = load_op_training_data(neusight=True)
+    for reason, n in df.attrs["skipped"].items():
+        print(f"# left out: {reason}: {n}")
+    graph = None
+    if args.with_graph_nodes:
+        graph, unmapped = neusight_graph_ops(load_neusight_graph_nodes(), modes=tuple(args.graph_modes.split(",")))
+        print(f"# graph-node records ({args.graph_modes}): {len(graph)} from "
+              f"{graph.groupby(['device_name', 'run']).ngroups} graphs; per device "
+              f"{graph['device_name'].value_counts().to_dict()}; not mapped: "
+              f"{int(unmapped.loc[~unmapped['reason'].str.contains('latency'), 'nodes'].sum())} nodes")
     devices = sorted(df["device_name"].unique())
     rng = np.random.default_rng(args.seed)
     train_idx = {d: np.flatnonzero(df["device_name"].to_numpy() == d) for d in devices}
@@ -77,25 +93,44 @@ def main() -> None:
         tr = df.iloc[np.concatenate([train_idx[d] for d in devices if d != held])]
         te = df[df["device_name"] == held]
         model = OpTimeRegressor(n_estimators=args.n_estimators).fit_records(tr)
-        pred = model.predict_records(te)
-        roof = roofline_ms(te)
         true = te["time_ms"].to_numpy()
-        e_m, e_r = ape(pred, true), ape(roof, true)
+        e_m, e_r = ape(model.predict_records(te), true), ape(roofline_ms(te), true)
+        e_g = None
+        extra = ""
+        if graph is not None:
+            other = graph[graph["device_name"] != held]
+            # no graphs of other devices: the same rows give the same model, no need to fit it twice
+            aug = model if other.empty else OpTimeRegressor(n_estimators=args.n_estimators).fit_records(
+                pd.concat([tr, other[tr.columns.intersection(other.columns)]], ignore_index=True))
+            e_g = ape(aug.predict_records(te), true)
+            extra = f" (+{len(other)} graph-node rows of other devices)"
+            own = graph[graph["device_name"] == held]
+            if len(own):  # the held-out device's own graph nodes: never in training
+                t_own = own["time_ms"].to_numpy()
+                a, b, r = ape(model.predict_records(own), t_own), ape(aug.predict_records(own), t_own), \
+                    ape(roofline_ms(own), t_own)
+                rows.append((held, "graph-nodes", len(own), a, b, r))
         kinds = te["kind"].to_numpy()
-        rows.append((held, "ALL", len(te), e_m.mean(), np.median(e_m), e_r.mean(), np.median(e_r)))
+        rows.append((held, "ALL", len(te), e_m, e_g, e_r))
         for k in sorted(set(kinds)):
             m = kinds == k
-            rows.append((held, k, int(m.sum()), e_m[m].mean(), np.median(e_m[m]), e_r[m].mean(), np.median(e_r[m])))
-        print(f"# held out {held}: trained on {len(tr)} rows, tested on {len(te)} rows "
+            rows.append((held, k, int(m.sum()), e_m[m], None if e_g is None else e_g[m], e_r[m]))
+        print(f"# held out {held}: trained on {len(tr)} rows{extra}, tested on {len(te)} rows "
               f"({time.perf_counter() - t1:.1f} s)", flush=True)
 
     print()
-    head = f"{'held-out device':<20} {'kind':<14} {'rows':>7} {'GBDT MAPE%':>11} {'GBDT med%':>10} " \
-           f"{'roofline MAPE%':>15} {'roofline med%':>14}"
+    head = f"{'held-out device':<20} {'kind':<14} {'rows':>7} {'GBDT MAPE%':>11} {'GBDT med%':>10} "
+    if graph is not None:
+        head += f"{'+graph MAPE%':>13} {'+graph med%':>12} "
+    head += f"{'roofline MAPE%':>15} {'roofline med%':>14}"
     print(head)
     print("-" * len(head))
-    for held, kind, n, mm, md, rm, rd in rows:
-        print(f"{held:<20} {kind:<14} {n:>7} {mm:>11.1f} {md:>10.1f} {rm:>15.1f} {rd:>14.1f}")
+    for held, kind, n, em, eg, er in rows:
+        line = f"{held:<20} {kind:<14} {n:>7} {em.mean():>11.1f} {np.median(em):>10.1f} "
+        if graph is not None:
+            line += f"{eg.mean():>13.1f} {np.median(eg):>12.1f} " if eg is not None else f"{'-':>13} {'-':>12} "
+        line += f"{er.mean():>15.1f} {np.median(er):>14.1f}"
+        print(line)
     print(f"\n# total {time.perf_counter() - t0:.1f} s; rows per training device <= {args.rows_per_device}, "
           f"n_estimators {args.n_estimators}")
 

@@ -3,8 +3,10 @@
 Commands:
 
 * ``learnedperf simulate`` — run the discrete-event simulator on one run or a batch;
-* ``learnedperf predict`` — the same arguments, answered by the best model available
-  (the simulator until a learned checkpoint is shipped; ``source`` says which);
+* ``learnedperf predict`` — the same arguments, answered by a learned checkpoint
+  (default ``checkpoints/default``; ``source`` names the checkpoint and its method);
+* ``learnedperf train`` — fit a method on a data set and write a checkpoint;
+* ``learnedperf evaluate`` — compare the methods on the held-out splits of a data set;
 * ``learnedperf measure`` — measure this machine (operators, collectives, training steps);
 * ``learnedperf ingest`` — run logs, profiler traces and public data → records;
 * ``learnedperf generate`` — sample, simulate and store a versioned data set of runs;
@@ -38,8 +40,6 @@ from .io import dumps_line, open_input, open_output, read_records
 SIMULATOR_SOURCE = "simulator"
 """``source`` of ``learnedperf simulate`` answers."""
 
-PREDICT_SOURCE = "simulator (no learned checkpoint yet)"
-"""``source`` of ``learnedperf predict`` answers while no learned checkpoint is shipped."""
 
 _PROGRESS_EVERY = 1000
 
@@ -136,7 +136,34 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         p = sub.add_parser(name, help=text, description=text + ". Give --input, --run or flags for one run.")
         _add_run_arguments(p)
+        if name == "predict":
+            p.add_argument("--checkpoint", metavar="DIR",
+                           help="checkpoint directory (default: checkpoints/default of the repository)")
         p.set_defaults(handler=handler)
+
+    p = sub.add_parser("train", help="fit a method on a data set and write a checkpoint",
+                       description="Fit one method (or the one an evaluation report favours) on every usable run "
+                                   "of a data set written by 'learnedperf generate', calibrate its 90 %% interval "
+                                   "on held-back measured runs, and write a verified checkpoint.")
+    p.add_argument("--data", required=True, metavar="DIR", help="data set directory (learnedperf generate)")
+    p.add_argument("--out", required=True, metavar="DIR", help="checkpoint directory to write")
+    p.add_argument("--method", default="auto", metavar="NAME",
+                   help="method to ship, or 'auto': the lowest mean MAPE over the unseen splits of --evaluation")
+    p.add_argument("--evaluation", metavar="REPORT.json", help="report of 'learnedperf evaluate' (for --method auto; "
+                                                                "its tables are copied into the manifest)")
+    _add_model_arguments(p)
+    p.set_defaults(handler=_cmd_train)
+
+    p = sub.add_parser("evaluate", help="compare the methods on held-out splits of a data set",
+                       description="Train every method on the training side of each held-out split and score it on "
+                                   "the measured test runs: MAPE, Kendall tau and top-1 regret over strategies, "
+                                   "coverage of the 90 %% interval.")
+    p.add_argument("--data", required=True, metavar="DIR", help="data set directory (learnedperf generate)")
+    p.add_argument("--out", metavar="REPORT.json", help="write the full report (with every prediction) here")
+    p.add_argument("--methods", metavar="LIST", help="comma-separated methods (default: all)")
+    p.add_argument("--splits", metavar="LIST", help="comma-separated splits (default: all)")
+    _add_model_arguments(p)
+    p.set_defaults(handler=_cmd_evaluate)
 
     p = sub.add_parser("measure", help="measure this machine: operators, collectives, training steps",
                        description="Measure the local device (CPU, or CUDA when asked) with the project's own "
@@ -197,6 +224,17 @@ def build_parser() -> argparse.ArgumentParser:
 # ---------------------------------------------------------------- building one run
 def _given(args: argparse.Namespace, names) -> dict[str, Any]:
     return {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+
+
+def _add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """Arguments shared by ``train`` and ``evaluate``."""
+    p.add_argument("--gnn", action="append", default=[], metavar="KEY=VALUE",
+                   help="GNN hyperparameter (repeatable), e.g. --gnn pretrain_epochs=5 --gnn hidden=32")
+    p.add_argument("--limit-simulated", type=_positive_int, metavar="N", help="use at most N simulated runs")
+    p.add_argument("--scheduler", metavar="ADDRESS",
+                   help="Dask scheduler (tcp://host:port): train the operator regressor through lightgbm.dask")
+    p.add_argument("--seed", type=int, default=0, metavar="S")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress output")
 
 
 def _flag(dest: str) -> str:
@@ -261,22 +299,27 @@ def _run_from_args(args: argparse.Namespace, prog: str) -> dict:
 Answer = Callable[[Any, bool], tuple[dict, Any]]
 
 
-def _answerer(command: str) -> tuple[Answer, str]:
+def _answerer(command: str, checkpoint: Optional[str] = None) -> tuple[Answer, str]:
     """The function that answers one run for ``command``, and the ``source`` it reports.
 
-    ``predict`` answers with the simulator until a learned checkpoint is shipped;
-    the function returns ``(prediction, SimResult)``.
+    ``simulate`` answers with the simulator; ``predict`` with the checkpoint (default
+    ``checkpoints/default``), loaded and verified once. The function returns
+    ``(prediction, SimResult)``.
     """
+    if command == "predict":
+        from .predict import Predictor
+
+        predictor = Predictor.load(checkpoint)
+        return predictor.predict_with_result, predictor.source
+
     from .simulate import simulate
     from .specs import RunSpec
 
-    source = PREDICT_SOURCE if command == "predict" else SIMULATOR_SOURCE
-
     def answer(run: Any, trace: bool = False) -> tuple[dict, Any]:
         result = simulate(RunSpec.from_dict(run), trace=trace)
-        return result.to_prediction(source=source), result
+        return result.to_prediction(source=SIMULATOR_SOURCE), result
 
-    return answer, source
+    return answer, SIMULATOR_SOURCE
 
 
 def _error_text(exc: BaseException) -> str:
@@ -389,7 +432,7 @@ def _single(args: argparse.Namespace, command: str, prog: str) -> int:
     """One run from --run / flags."""
     try:
         run = _run_from_args(args, prog)
-        answer, _ = _answerer(command)
+        answer, _ = _answerer(command, getattr(args, "checkpoint", None))
         pred, result = answer(run, bool(args.trace))
     except UsageError:
         raise
@@ -422,7 +465,13 @@ def _batch(args: argparse.Namespace, command: str, prog: str) -> int:
         stream = open_input(args.input)
     except InputError as exc:
         raise UsageError(f"{prog}: error: {exc}") from None
-    answer, _ = _answerer(command)
+    try:
+        answer, _ = _answerer(command, getattr(args, "checkpoint", None))
+    except LearnedPerfError as exc:
+        if stream is not sys.stdin:
+            stream.close()
+        print(f"{prog}: error: {_error_text(exc)}", file=sys.stderr)
+        return 1
     progress = sys.stderr.isatty()
     total = failed = 0
     out = _open_output(args.output)
@@ -601,6 +650,128 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     counts = manifest.get("counts", {})
     by_source = ", ".join(f"{v} {k}" for k, v in counts.get("by_source", {}).items())
     print(f"wrote {args.out}: {counts.get('records', 0)} records ({by_source}); manifest.json")
+    return 0
+
+
+def _gnn_params(args: argparse.Namespace, prog: str) -> dict:
+    """``--gnn KEY=VALUE`` pairs as a dict (values parsed as JSON numbers/booleans when they are)."""
+    out: dict[str, Any] = {}
+    for item in args.gnn:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"{prog}: error: --gnn expects KEY=VALUE, got {item!r}")
+        try:
+            out[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key.strip()] = value
+    return out
+
+
+def _dask_client(args: argparse.Namespace, prog: str):
+    """A ``dask.distributed.Client`` on ``--scheduler``, or None."""
+    if not args.scheduler:
+        return None
+    from dask.distributed import Client
+
+    try:
+        return Client(args.scheduler, timeout="20s")
+    except (OSError, TimeoutError) as exc:
+        raise UsageError(f"{prog}: error: --scheduler {args.scheduler}: cannot connect: {exc}") from None
+
+
+def _split_list(text: Optional[str]) -> Optional[tuple[str, ...]]:
+    return tuple(x.strip() for x in text.split(",") if x.strip()) if text else None
+
+
+def _cmd_evaluate(args: argparse.Namespace) -> int:
+    """``learnedperf evaluate``: every method on every held-out split; tables on stdout, report to --out."""
+    from .models.evaluate import EVAL_SPLITS, format_table
+    from .models.iteration import METHODS
+    from .models.pipeline import run_evaluation
+
+    prog = "learnedperf evaluate"
+    methods = _split_list(args.methods) or METHODS
+    splits = _split_list(args.splits)
+    bad = [m for m in methods if m not in METHODS] + [x for x in splits or () if x not in EVAL_SPLITS]
+    if bad:
+        raise UsageError(f"{prog}: error: unknown method or split {bad} (methods: {', '.join(METHODS)}; splits: "
+                         f"{', '.join(EVAL_SPLITS)})")
+    gnn = _gnn_params(args, prog)
+    client = _dask_client(args, prog)
+    log = (lambda m: print(m, file=sys.stderr, flush=True)) if args.progress else (lambda m: None)
+    try:
+        report = run_evaluation(args.data, methods=methods, splits=splits, gnn_params=gnn, client=client,
+                                limit_simulated=args.limit_simulated, seed=args.seed, progress=args.progress,
+                                log=log)
+    except LearnedPerfError as exc:
+        print(f"{prog}: error: {_error_text(exc)}", file=sys.stderr)
+        return 1
+    finally:
+        if client is not None:
+            client.close()
+    for metric, title in (("mape", "MAPE of iteration time (%)"), ("kendall_tau", "Kendall tau over strategies"),
+                          ("top1_regret", "top-1 regret"), ("coverage", "90 % interval coverage")):
+        print(f"\n{title}\n\n{format_table(report, metric)}")
+    if args.out:
+        with _open_output(args.out) as out:
+            json.dump(report, out, indent=1)
+        print(f"\nwrote {args.out}")
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    """``learnedperf train``: fit a method on a data set and write a verified checkpoint."""
+    from .checkpoint import load_checkpoint, save_checkpoint
+    from .io import load_json_file
+    from .models.evaluate import format_table
+    from .models.iteration import METHODS
+    from .models.pipeline import choose_method, fit_model
+
+    prog = "learnedperf train"
+    report = None
+    if args.evaluation:
+        try:
+            report = load_json_file(args.evaluation)
+        except InputError as exc:
+            raise UsageError(f"{prog}: error: --evaluation: {exc}") from None
+    method = args.method
+    chosen_by = "--method"
+    means = None
+    if method == "auto":
+        if report is None:
+            raise UsageError(f"{prog}: error: --method auto needs --evaluation REPORT.json "
+                             "(or name a method: " + ", ".join(METHODS) + ")")
+        try:
+            method, means = choose_method(report)
+        except (InputError, KeyError, TypeError) as exc:
+            raise UsageError(f"{prog}: error: --evaluation {args.evaluation}: {exc}") from None
+        chosen_by = f"lowest mean MAPE over the unseen splits of {os.path.basename(args.evaluation)}"
+    elif method not in METHODS:
+        raise UsageError(f"{prog}: error: unknown --method {method!r} (choose from auto, {', '.join(METHODS)})")
+    gnn = _gnn_params(args, prog)
+    client = _dask_client(args, prog)
+    try:
+        model, data = fit_model(args.data, method, gnn_params=gnn, client=client, limit_simulated=args.limit_simulated,
+                                seed=args.seed, progress=args.progress)
+        metrics: dict[str, Any] = {"chosen_by": chosen_by}
+        if means is not None:
+            metrics["mean_unseen_mape_by_method"] = means
+        if report is not None:
+            metrics["evaluation"] = {k: v for k, v in report.items() if k != "predictions"}
+            metrics["tables"] = {m: format_table(report, m) for m in ("mape", "kendall_tau", "top1_regret",
+                                                                       "coverage")}
+        save_checkpoint(args.out, model, data, metrics)
+        load_checkpoint(args.out)  # what was written must verify
+    except LearnedPerfError as exc:
+        print(f"{prog}: error: {_error_text(exc)}", file=sys.stderr)
+        return 1
+    finally:
+        if client is not None:
+            client.close()
+    per_group = ", ".join(f"{g}: n={v['n']}" for g, v in model.interval_.to_dict()["quantiles"].items())
+    print(f"wrote checkpoint {args.out}: method {method} ({chosen_by}); {model.n_train_} training runs "
+          f"({model.n_train_measured_} measured); interval calibrated on {model.interval_.n_calibration_} measured "
+          f"runs ({per_group})")
     return 0
 
 

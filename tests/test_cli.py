@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import learnedperf
-from learnedperf.cli import PREDICT_SOURCE, main
+from learnedperf.cli import main
 from learnedperf.errors import InputError
 from learnedperf.io import read_jsonl, read_records, write_jsonl
 
@@ -81,11 +81,23 @@ def test_run_file_with_flag_overrides(tmp_path, capsys):
 
 
 def test_predict_says_its_source(capsys):
+    """predict answers with the shipped checkpoint by default, and names it."""
     assert main(["predict", *FLAGS, "--format", "json"]) == 0
     (pred,) = output_lines(capsys.readouterr().out)
     check_prediction(pred)
-    assert "simulator" in pred["source"]
-    assert pred["source"] == PREDICT_SOURCE
+    assert pred["source"].startswith("checkpoint:default:")
+    lo, hi = pred["interval_ms"]
+    assert lo <= pred["iteration_time_ms"] <= hi and lo < hi
+
+
+def test_predict_without_checkpoint_is_one_clear_error(tmp_path, capsys):
+    assert main(["predict", *FLAGS, "--checkpoint", str(tmp_path / "none")]) == 1
+    err = capsys.readouterr().err
+    assert "no checkpoint manifest" in err and "learnedperf train" in err and "Traceback" not in err
+    src = tmp_path / "runs.jsonl"
+    src.write_text(jsonl(run_dict()))
+    assert main(["predict", "--input", str(src), "--checkpoint", str(tmp_path / "none")]) == 1
+    assert "no checkpoint manifest" in capsys.readouterr().err
 
 
 def test_trace_is_a_chrome_trace(tmp_path, capsys):
@@ -151,7 +163,7 @@ def test_stdin_to_stdout(monkeypatch, capsys):
     assert main(["predict", "--input", "-", "--output", "-"]) == 1
     lines = output_lines(capsys.readouterr().out)
     assert len(lines) == 3 and "error" in lines[1] and lines[1]["line"] == 2
-    assert lines[0]["source"] == lines[2]["source"] == PREDICT_SOURCE
+    assert lines[0]["source"] == lines[2]["source"] and lines[0]["source"].startswith("checkpoint:default:")
 
 
 def test_pretty_printed_json_file_is_one_run(tmp_path, capsys):

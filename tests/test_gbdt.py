@@ -140,3 +140,80 @@ def test_excluded_features_do_not_change_predictions(fitted):
     np.testing.assert_array_equal(fitted.predict(X2), fitted.predict(X))
     with pytest.raises(InputError):
         OpTimeRegressor(exclude_features=["no_such_feature"])
+
+
+# ------------------------------------------------------------------ how a model was trained
+def test_sidecar_records_local_training_and_old_sidecars_load_as_unknown(fitted, tmp_path):
+    assert (fitted.trained_with_, fitted.dask_workers_) == ("local", 0)
+    d = fitted.save(tmp_path / "m")
+    meta = json.loads((d / "op_time_model.json").read_text())
+    assert meta["training"] == {"trained_with": "local", "dask_workers": 0}
+    assert OpTimeRegressor.load(d).trained_with_ == "local"
+    # a sidecar written before training was recorded still loads, and says it does not know
+    del meta["training"]
+    (d / "op_time_model.json").write_text(json.dumps(meta))
+    assert OpTimeRegressor.load(d).trained_with_ == "unknown"
+    meta["training"] = {"trained_with": "carrier-pigeon"}
+    (d / "op_time_model.json").write_text(json.dumps(meta))
+    with pytest.raises(InputError, match="trained_with"):
+        OpTimeRegressor.load(d)
+
+
+def test_fit_rejects_something_that_is_not_a_dask_client():
+    with pytest.raises(InputError, match="client: expected a dask.distributed.Client"):
+        OpTimeRegressor(n_estimators=5).fit_records(synthetic_records(30, 0), client="tcp://127.0.0.1:8786")
+
+
+# ------------------------------------------------------------------ training data
+from learnedperf.models.gbdt import MEASURED_DIR, load_op_training_data  # noqa: E402
+from learnedperf.measure.records import OP_COLUMNS  # noqa: E402
+
+
+def test_training_data_from_the_repository_measurements():
+    if not (MEASURED_DIR / "vm-xeon-2c" / "ops_cpu.parquet").is_file():
+        pytest.skip(f"{MEASURED_DIR}/vm-xeon-2c not in this checkout")
+    df = load_op_training_data(neusight=False)
+    assert list(df.columns) == list(OP_COLUMNS) + ["provenance"]
+    cpu = df[df["provenance"] == "datasets/measured/vm-xeon-2c"]
+    raw = pd.read_parquet(MEASURED_DIR / "vm-xeon-2c" / "ops_cpu.parquet")
+    assert len(cpu) == len(raw) and cpu["device_name"].iloc[0] == raw["device_name"].iloc[0]
+    # the collectives file has no compute kind: left out, and counted
+    assert not df["kind"].isin(["allreduce", "allgather", "reducescatter", "p2p"]).any()
+    assert df.attrs["skipped"]["datasets/measured/vm-xeon-2c/ops_cpu_collectives.parquet: "
+                               "collective records (costed by the collective model)"] == 64
+    a = load_op_training_data(neusight=False, rows_per_device=500, seed=3)
+    b = load_op_training_data(neusight=False, rows_per_device=500, seed=3)
+    assert len(a) == 500 and a.equals(b)
+    assert not a.equals(load_op_training_data(neusight=False, rows_per_device=500, seed=4))
+
+
+def test_training_data_names_a_corrupt_or_changed_file(tmp_path):
+    good = synthetic_records(20, 0)
+    for c in OP_COLUMNS:
+        if c not in good.columns:
+            good[c] = None
+    d = tmp_path / "host-a"
+    d.mkdir()
+    good[list(OP_COLUMNS)].to_parquet(d / "ops_gpu.parquet")
+    df = load_op_training_data([d], neusight=False)
+    assert len(df) == 20 and set(df["provenance"]) == {str(d)}
+    (d / "ops_bad.parquet").write_bytes(b"PAR1 this is not parquet")
+    with pytest.raises(InputError, match="ops_bad.parquet"):
+        load_op_training_data([d], neusight=False)
+    (d / "ops_bad.parquet").unlink()
+    good.drop(columns=["flops"]).to_parquet(d / "ops_bad.parquet")
+    with pytest.raises(InputError, match=r"ops_bad.parquet: missing column\(s\) \['flops'\]"):
+        load_op_training_data([d], neusight=False)
+    (d / "ops_bad.parquet").unlink()
+    # a manifest's checksum is checked before anything is read
+    from learnedperf.measure.records import sha256_file
+
+    (d / "manifest.json").write_text(json.dumps({"files": {"ops_gpu.parquet": {"sha256": sha256_file(d / "ops_gpu.parquet")}}}))
+    assert len(load_op_training_data([d], neusight=False)) == 20
+    good.iloc[:5][list(OP_COLUMNS)].to_parquet(d / "ops_gpu.parquet")
+    with pytest.raises(InputError, match="ops_gpu.parquet: sha256 differs"):
+        load_op_training_data([d], neusight=False)
+    with pytest.raises(InputError, match="no such directory"):
+        load_op_training_data([tmp_path / "nowhere"], neusight=False)
+    with pytest.raises(InputError, match="rows_per_device"):
+        load_op_training_data([d], neusight=False, rows_per_device=0)

@@ -402,6 +402,33 @@ def load_graph(store_dir: str | Path, run_id: str, shard: str | None = None) -> 
     raise InputError(f"{store_dir}: no graph for run_id {run_id!r}")
 
 
+def load_graphs(store_dir: str | Path, refs: list[tuple[str, int]]) -> list[dict]:
+    """The graphs at ``refs`` (a record's ``(graph_shard, graph_row)``), each shard read once, in ``refs`` order.
+
+    Raises:
+        InputError: a shard cannot be read or has no such row (the message names the shard).
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    store_dir = Path(store_dir)
+    out: list[Any] = [None] * len(refs)
+    by_shard: dict[str, list[int]] = {}
+    for i, (shard, _row) in enumerate(refs):
+        by_shard.setdefault(shard, []).append(i)
+    for shard, idx in by_shard.items():
+        try:
+            table = pq.read_table(store_dir / shard)
+        except (OSError, pa.ArrowException) as exc:
+            raise InputError(f"{store_dir / shard}: cannot read graph shard: {exc}") from None
+        for i in idx:
+            row = int(refs[i][1])
+            if not 0 <= row < table.num_rows:
+                raise InputError(f"{store_dir / shard}: no row {row} (the shard has {table.num_rows})")
+            out[i] = _row_to_graph(table, row)
+    return out
+
+
 def iter_graphs(store_dir: str | Path) -> Iterator[dict]:
     """Every graph of a store, shard by shard, as :func:`load_graph` returns them."""
     import pyarrow.parquet as pq
@@ -414,4 +441,4 @@ def iter_graphs(store_dir: str | Path) -> Iterator[dict]:
 
 __all__ = ["DTYPES", "EDGE_TYPES", "GRAPH_SCHEMA_VERSION", "GraphBuilder", "KINDS", "NODE_FEATURES", "PHASES",
            "SHAPE_WIDTH", "build_graph", "op_features", "graph_arrow_schema", "graph_of", "graphs_table", "iter_graphs",
-           "load_graph"]
+           "load_graph", "load_graphs"]

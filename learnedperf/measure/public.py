@@ -5,8 +5,11 @@
 * Megatron-LM SC21 Table 1 (Narayanan et al. 2021): 10 GPT runs on 32-3072
   A100-80GB of Selene (``published/megatron_sc21_table1.csv``).
 * NeuSight (sitar-lab/NeuSight, MIT): ~267k fp32 single-kernel latencies on 5 GPUs
-  (``neusight_ops.parquet``, :func:`load_neusight_ops`) and the end-to-end times of whole
-  HuggingFace models on one GPU (``neusight_step_times.csv``, :func:`load_neusight_steps`).
+  (``neusight_ops.parquet``, :func:`load_neusight_ops`), the end-to-end times of whole
+  HuggingFace models on one GPU (``neusight_step_times.csv``, :func:`load_neusight_steps`) and
+  the torch.fx node tables of those models with per-node latencies
+  (``neusight_graph_nodes.parquet``, :func:`load_neusight_graph_nodes`; operator records of their
+  nodes: :func:`neusight_graph_ops`).
 
 :func:`vtrain_step_records`, :func:`load_neusight_steps` and :func:`load_neusight_ops` give the
 record schemas of :mod:`.records` (step and operator records) for training.
@@ -18,6 +21,7 @@ are written into each run (see the constants below and ``shared/data/README.md``
 from __future__ import annotations
 
 import csv
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -418,3 +422,399 @@ def load_neusight_steps(data_dir: Path | None = None) -> LoadedSteps:
         records.append(step_record(run, _num(row, "e2e_latency", path, i), source="neusight", spec=spec,
                                    backend="none"))
     return LoadedSteps(records, skipped)
+
+
+# ============================================================== NeuSight whole-model graphs
+#: Columns of ``neusight_graph_nodes.parquet`` the graph loader reads.
+_GRAPH_SOURCE_COLUMNS = ["op", "target", "_input_nodes", "users", "input_shapes", "output_shape", "dtype", "Name",
+                         "latency", "fw_latency", "bw_latency", "acc_latency", "meta", "device_dir", "run",
+                         "node_index"]
+#: Columns of :func:`load_neusight_graph_nodes`, in order.
+GRAPH_NODE_COLUMNS = ("run", "device", "model", "mode", "seq", "batch", "node_index", "node_op", "target",
+                      "target_op", "name", "module_type", "in_layer", "inputs", "users", "input_shapes",
+                      "output_shape", "dtype", "latency_ms", "fw_latency_ms", "bw_latency_ms", "acc_latency_ms")
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+_BUILTIN = re.compile(r"^<built-in (?:function|method) (\w+)(?: of type object)?>$")
+_FUNCTION = re.compile(r"^<function (\w+)>$")
+_CLASS = re.compile(r"^<class '([\w.]+)'>$")
+_NODE_NAMES = re.compile(r"([A-Za-z_]\w*)\s*:\s*None")
+_MODULE_STACK = re.compile(r"\('([^']*)', <class '([^']*)'>\)")
+#: A module path of the first repeated block of a HuggingFace model (``transformer.h.0``,
+#: ``bert.encoder.layer.0``, ``model.decoder.layers.0``): NeuSight traces one block and scales it.
+_BLOCK0 = re.compile(r"\.(?:h|layer|layers|blocks)\.0(?:\.|$)")
+_TORCH_DTYPES = {"torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16",
+                 "torch.int64": "int64", "torch.int32": "int32", "torch.bool": "bool"}
+
+
+def _target_op(node_op: str, target: str, module_type: str | None) -> str:
+    """A short, address-free name of what a node calls (the key of the mapping and of unmapped counts).
+
+    ``<built-in function add>`` → ``add`` (Python operator), ``<built-in method addmm of type object>``
+    → ``torch.addmm``, ``<function softmax>`` → ``softmax``, ``<class 'torch.finfo'>`` → ``torch.finfo``,
+    a method → ``.view``, a module → its class name (``Linear``), other node kinds → the node kind.
+    """
+    if node_op == "call_function":
+        m = _BUILTIN.match(target)
+        if m:
+            return ("torch." if "of type object" in target else "") + m.group(1)
+        m = _FUNCTION.match(target) or _CLASS.match(target)
+        return m.group(1) if m else target
+    if node_op == "call_method":
+        return "." + target
+    if node_op == "call_module":
+        return (module_type or "?").rsplit(".", 1)[-1]
+    return node_op
+
+
+def load_neusight_graph_nodes(path: Path | str | None = None):
+    """NeuSight's torch.fx node tables of whole HuggingFace models, one row per node (a pandas DataFrame).
+
+    The file (``neusight_graph_nodes.parquet``) stores every field as text; this loader parses them.
+    NeuSight traces **one** transformer block (``transformer.h.0``, ``bert.encoder.layer.0``...) plus
+    the embeddings and the head; ``in_layer`` marks the nodes of that block, which stand for
+    ``num_layer`` identical blocks of the real model (``neusight_step_times.csv``).
+
+    Columns (:data:`GRAPH_NODE_COLUMNS`):
+
+    * ``run`` (``<model>-<inf|train>-<seq>-<batch>``) and its parts ``model``, ``mode`` (``'inf'`` or
+      ``'train'``), ``seq``, ``batch``; ``device``: the NeuSight device name (``'Tesla T4'``, a key of
+      :func:`neusight_devices`); ``node_index``: position in the graph;
+    * ``node_op``: the fx node kind (``placeholder``, ``get_attr``, ``call_function``, ``call_method``,
+      ``call_module``, ``output``); ``target``: the fx target with memory addresses removed;
+      ``target_op``: its short name (see :func:`_target_op`: ``torch.addmm``, ``add``, ``.view``,
+      ``Linear``...); ``name``: the node name; ``module_type``: the class of a called module
+      (``torch.nn.modules.linear.Linear``), else None; ``in_layer``: inside the traced block;
+    * ``inputs`` and ``users``: lists of node names (the graph's edges); ``input_shapes``: list of
+      shapes of the arguments (Python scalars appear as ``[1]``); ``output_shape``: a list;
+      ``dtype``: ``'fp32'``, ``'fp16'``, ``'bf16'``, ``'int64'``, ``'int32'``, ``'bool'`` or None for
+      non-tensor outputs (sizes, scalars);
+    * ``latency_ms`` (= fw + bw + gradient accumulation), ``fw_latency_ms``, ``bw_latency_ms``,
+      ``acc_latency_ms`` (accumulation of parameter gradients): milliseconds, medians as NeuSight
+      measured them on one GPU, fp32. Inference runs have zero backward and accumulation.
+
+    Args:
+        path: the parquet file (default ``neusight_graph_nodes.parquet`` of :func:`default_shared_data`).
+
+    Raises:
+        InputError: the file is missing or unreadable, a column is missing, or a field cannot be
+            parsed (naming the file, the row and the field).
+    """
+    import ast
+
+    import numpy as np
+    import pandas as pd
+
+    path = Path(path) if path is not None else default_shared_data() / "neusight_graph_nodes.parquet"
+    if not path.is_file():
+        raise InputError(f"{path}: cannot read: no such file")
+    try:
+        raw = pd.read_parquet(path)
+    except Exception as exc:  # pyarrow: corrupt or truncated file
+        raise InputError(f"{path}: cannot read: {exc}") from None
+    missing = [c for c in _GRAPH_SOURCE_COLUMNS if c not in raw.columns]
+    if missing:
+        raise InputError(f"{path}: missing column(s) {missing}")
+
+    def parse(i: int, field: str, text, how):
+        try:
+            return how(text)
+        except (ValueError, SyntaxError, TypeError):
+            raise InputError(f"{path}: row {i}: field {field!r}: cannot parse {text!r}") from None
+
+    out = []
+    for i, r in enumerate(raw[_GRAPH_SOURCE_COLUMNS].itertuples(index=False)):
+        (node_op, target, inputs, users, in_shapes, out_shape, dtype, name, lat, fw, bw, acc, meta,
+         device_dir, run, node_index) = r
+        parts = str(run).rsplit("-", 3)
+        if len(parts) != 4 or parts[1] not in ("inf", "train") or not parts[2].isdigit() or not parts[3].isdigit():
+            raise InputError(f"{path}: row {i}: field 'run': expected <model>-<inf|train>-<seq>-<batch>, got {run!r}")
+        stack = _MODULE_STACK.findall(meta or "")
+        target = _ADDRESS.sub("", str(target))
+        module_type = None
+        if node_op == "call_module":
+            module_type = next((cls for key, cls in stack if key == target), None)
+            if module_type is None:
+                raise InputError(f"{path}: row {i}: field 'meta': no nn_module_stack entry for module {target!r}")
+        in_layer = any(_BLOCK0.search(key) for key, _ in stack) or (
+            node_op in ("call_module", "get_attr") and bool(_BLOCK0.search(target)))
+        if isinstance(dtype, str):
+            if dtype not in _TORCH_DTYPES:
+                raise InputError(f"{path}: row {i}: field 'dtype': unknown dtype {dtype!r}")
+            dt = _TORCH_DTYPES[dtype]
+        else:
+            dt = None  # a non-tensor output (size, scalar): the tracer records no dtype
+        shapes = parse(i, "input_shapes", in_shapes, json.loads)
+        oshape = parse(i, "output_shape", out_shape, ast.literal_eval)
+        if isinstance(oshape, int):
+            oshape = (oshape,)
+        if not isinstance(shapes, list) or not isinstance(oshape, tuple):
+            raise InputError(f"{path}: row {i}: fields 'input_shapes'/'output_shape': expected lists of dimensions")
+        times = [parse(i, f, v, float) for f, v in (("latency", lat), ("fw_latency", fw), ("bw_latency", bw),
+                                                    ("acc_latency", acc))]
+        if not all(np.isfinite(t) and t >= 0 for t in times):
+            raise InputError(f"{path}: row {i}: a latency field is negative or not finite: {times}")
+        out.append((run, str(device_dir).replace("_", " ").strip(), parts[0], parts[1], int(parts[2]),
+                    int(parts[3]), int(node_index), node_op, target, _target_op(node_op, target, module_type),
+                    name, module_type, bool(in_layer), _NODE_NAMES.findall(inputs or ""),
+                    _NODE_NAMES.findall(users or ""), shapes, list(oshape), dt, *times))
+    df = pd.DataFrame(out, columns=list(GRAPH_NODE_COLUMNS))
+    for col in ("dtype", "module_type"):
+        # object columns keep None (pandas would otherwise infer a string column and store NaN)
+        df[col] = pd.Series([row[GRAPH_NODE_COLUMNS.index(col)] for row in out], dtype=object, index=df.index)
+    return df
+
+
+class GraphOps(NamedTuple):
+    """Operator records of graph nodes and what gave no record; unpacks as ``(ops, unmapped)``.
+
+    Attributes:
+        ops: pandas DataFrame, ``OP_COLUMNS`` then :data:`GRAPH_OP_EXTRA_COLUMNS`.
+        unmapped: pandas DataFrame with columns ``device``, ``run``, ``target_op``, ``reason``,
+            ``nodes`` (count) and the latencies those nodes carry (``fw_latency_ms``,
+            ``bw_latency_ms``, ``acc_latency_ms``, summed), one row per (device, run, target_op,
+            reason); sum ``nodes`` over runs for totals per target.
+    """
+
+    ops: "object"
+    unmapped: "object"
+
+
+#: Columns that :func:`neusight_graph_ops` adds after ``OP_COLUMNS``: where each record comes from.
+GRAPH_OP_EXTRA_COLUMNS = ("run", "model", "mode", "seq", "batch", "node_index", "node_name", "target_op",
+                          "in_layer")
+#: GEMM nodes: target_op → the measured-operator name whose conventions give FLOPs and bytes
+#: (:func:`learnedperf.measure.ops.as_op`).
+_GRAPH_GEMMS = {"Linear": "linear", "torch.addmm": "linear", "torch.matmul": "bmm", "torch.bmm": "bmm",
+                "torch.mm": "bmm"}
+#: Memory-bound nodes: target_op → (kind, op name). FLOPs per element come from
+#: measure.ops.ELEMENTWISE_TRAFFIC when the op name is there, else 1 (graph.trace's convention for
+#: element-wise ops, reductions and copies).
+_GRAPH_MEMORY_BOUND = {
+    "LayerNorm": ("layernorm", "layer_norm"), "layer_norm": ("layernorm", "layer_norm"),
+    "softmax": ("softmax", "softmax"), "torch.softmax": ("softmax", "softmax"), ".softmax": ("softmax", "softmax"),
+    "gelu": ("elementwise", "gelu"), "GELU": ("elementwise", "gelu"),
+    "add": ("elementwise", "add"), "torch.add": ("elementwise", "add"), ".add": ("elementwise", "add"),
+    "iadd": ("elementwise", "add"),
+    "mul": ("elementwise", "mul"), "torch.mul": ("elementwise", "mul"), ".mul": ("elementwise", "mul"),
+    "Dropout": ("elementwise", "dropout"), "dropout": ("elementwise", "dropout"),
+    "sub": ("elementwise", "sub"), "truediv": ("elementwise", "div"), "torch.div": ("elementwise", "div"),
+    "pow": ("elementwise", "pow"), "torch.pow": ("elementwise", "pow"),
+    "torch.tanh": ("elementwise", "tanh"), "Tanh": ("elementwise", "tanh"),
+    "ReLU": ("elementwise", "relu"), "relu": ("elementwise", "relu"), "torch.relu": ("elementwise", "relu"),
+    "torch.where": ("elementwise", "where"), ".masked_fill": ("elementwise", "masked_fill"),
+    ".masked_fill_": ("elementwise", "masked_fill"), "torch.max": ("elementwise", "max"),
+    # HuggingFace calls contiguous() right after a permute: a real copy
+    ".contiguous": ("elementwise", "contiguous"),
+}
+_GRAPH_EMBEDDINGS = {"Embedding", "embedding"}
+#: Nodes that launch no kernel: views, shape queries, Python values.
+_GRAPH_NO_KERNEL = {".view", ".reshape", ".permute", ".transpose", ".expand", ".unsqueeze", ".squeeze", ".split",
+                    "getitem", ".size", ".dim", "getattr", "torch.finfo"}
+#: Views whose result is strided, so that a contiguous() of it copies.
+_GRAPH_STRIDED_VIEWS = {".transpose", ".permute", ".expand", "getitem", ".split"}
+#: Casts: a copy kernel only when the dtype changes.
+_GRAPH_CASTS = {".to", ".type", ".type_as", ".float", ".half", ".bfloat16", ".bool", ".long", ".int"}
+_FLOAT_DTYPES = ("fp32", "fp16", "bf16")
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def _graph_node_op(node, e: int):
+    """(measured-op name, forward Op, why-not) of one graph node; the Op is None when it cannot be mapped."""
+    from ..graph.ops import Op, elementwise
+    from .ops import ELEMENTWISE_TRAFFIC, OpCase, as_op
+
+    t, shapes, out = node.target_op, node.input_shapes, [int(d) for d in node.output_shape]
+    tensors = [s for s in shapes if _numel(s) > 1]  # Python scalars appear as [1]
+    if t in _GRAPH_GEMMS:
+        try:
+            if t == "Linear":
+                k, n = int(shapes[0][-1]), out[-1]
+                b, m = 1, _numel(out) // n
+                if _numel(shapes[0]) != m * k:
+                    return None, None, f"{t}: input {shapes[0]} and output {out} disagree"
+            elif t == "torch.addmm":  # addmm(bias, [m, k], [k, n])
+                (m, k), (k2, n), b = shapes[1], shapes[2], 1
+                if k2 != k:
+                    return None, None, f"{t}: operands {shapes[1]} x {shapes[2]} do not chain"
+            else:
+                a, w = shapes[0], shapes[1]
+                if len(a) < 2 or len(w) < 2:
+                    return None, None, f"{t}: a 1-D operand has no GEMM shape"
+                m, k, k2, n = int(a[-2]), int(a[-1]), int(w[-2]), int(w[-1])
+                if k2 != k:
+                    return None, None, f"{t}: operands {a} x {w} do not chain"
+                b = _numel(out) // (m * n)
+        except (IndexError, TypeError, ValueError):
+            return None, None, f"{t}: input shapes {shapes} are not a GEMM's"
+        name = _GRAPH_GEMMS[t]
+        # the measured-operator conventions (2·b·m·n·k FLOPs, both operands read, output written; bias
+        # not counted), so these records and this project's own op records mean the same thing
+        return name, as_op(OpCase(name, "matmul", (int(b), int(m), int(n), int(k)), dtype=node.dtype)), None
+    if t in _GRAPH_EMBEDDINGS:
+        h = out[-1]
+        tokens = _numel(out) // h
+        # measure.ops.as_op's embedding: the gathered rows written plus the int64 indices read
+        return "embedding", Op("embedding", "embedding", "fwd", 0.0, float(tokens * h * e + tokens * 8),
+                               node.dtype, (tokens, h)), None
+    if t in _GRAPH_MEMORY_BOUND or t in _GRAPH_CASTS:
+        kind, name = _GRAPH_MEMORY_BOUND.get(t, ("elementwise", "cast"))
+        numel = _numel(out)
+        # reads from the node's real operands (a broadcast mask is read once, a scalar not at all);
+        # without broadcasting this is exactly ELEMENTWISE_TRAFFIC's count
+        reads = 1.0 if kind in ("layernorm", "softmax") else sum(_numel(s) for s in tensors) / numel
+        fpe = ELEMENTWISE_TRAFFIC.get(name, (0, 0, 1.0))[2]
+        return name, elementwise(name, kind, "fwd", numel, reads, 1, e, node.dtype, fpe, out[-1] if out else 1), None
+    return None, None, f"no learnedperf kind for {t!r}"
+
+
+def _backward_total(fwd):
+    """The backward of forward op ``fwd`` as one Op (summed FLOPs and bytes, forward shape), as
+    :func:`learnedperf.measure.ops.as_op` returns a measured operator's backward."""
+    from ..graph.ops import Op
+    from ..graph.transformer import backward_of
+
+    bwd = backward_of([fwd])
+    return Op(fwd.name, fwd.kind, "bwd", sum(o.flops for o in bwd), sum(o.bytes for o in bwd), fwd.dtype,
+              fwd.shape, None, fwd.causal)
+
+
+def neusight_graph_ops(nodes, data_dir: Path | None = None, modes=("train",)) -> GraphOps:
+    """Operator records (``OP_COLUMNS``) of the nodes of NeuSight graphs, and every node that gave none.
+
+    Args:
+        nodes: the DataFrame of :func:`load_neusight_graph_nodes`.
+        data_dir: the ``shared/data`` directory, for the device descriptors (default
+            :func:`default_shared_data`).
+        modes: the run modes to map (``'train'``, ``'inf'``); nodes of other runs are left out
+            (a filter, not a loss: they appear in neither output).
+
+    Mapping (kinds of :data:`learnedperf.features.ops.KINDS`; FLOPs and bytes in the conventions of
+    :func:`learnedperf.measure.ops.as_op`, the project's measured-operator records):
+
+    * ``Linear`` (input ``[..., k]``, output ``[..., n]``), ``torch.addmm(bias, [m,k], [k,n])`` →
+      ``matmul`` shape ``(1, m, n, k)``; ``torch.matmul`` / ``torch.bmm`` (``[..., m, k] × [..., k, n]``)
+      → ``matmul`` ``(batch, m, n, k)``, batch the product of the output's leading dimensions. ``k``
+      is the reduction dimension; FLOPs ``2·batch·m·n·k``, bytes ``e·batch·(m·k + k·n + m·n)``.
+    * ``LayerNorm`` → ``layernorm``, ``softmax`` → ``softmax``; ``add``, ``sub``, ``mul``, ``truediv``,
+      ``pow``, ``gelu``, ``tanh``, ``ReLU``, ``Dropout``/``dropout``, ``where``, ``masked_fill``,
+      ``max``, ``contiguous`` of a transposed/permuted/expanded/sliced view and dtype-changing
+      casts → ``elementwise``: shape ``(rows, last dim)`` of the output, bytes = operands with more
+      than one element read + output written, FLOPs per output element from
+      ``measure.ops.ELEMENTWISE_TRAFFIC`` (gelu 8, dropout 2, norms 5...) or 1.
+    * ``Embedding`` / ``embedding`` → ``embedding`` ``(tokens, hidden)``, bytes ``e·tokens·hidden + 8·tokens``.
+    * Backward (training runs): one ``bwd`` record per node with ``bw_latency_ms`` — a GEMM's two
+      gradient GEMMs summed (2× forward FLOPs and bytes), memory-bound ops and embeddings 2× forward
+      (``graph.transformer.backward_of``), shape as forward.
+
+    Every record: ``time_ms`` = the node's ``fw_latency_ms`` or ``bw_latency_ms``; ``dtype`` the
+    node's (fp32 in NeuSight's data); ``device`` the descriptor of :func:`neusight_devices`;
+    ``source`` ``'neusight_graphs'``; p10/p90 null, ``repeats`` 0, ``timer``/``host`` ``'unknown'``,
+    ``backend`` ``'cuda'``; ``params`` names the node (``neusight_graph_node``, ``neusight_target``).
+    The extra columns (:data:`GRAPH_OP_EXTRA_COLUMNS`) say which run and node a record comes from.
+
+    Not mapped, each counted in ``unmapped`` with its reason: graph inputs, parameters and the
+    output; nodes without a kernel (views, shape queries, Python scalars — NeuSight still times
+    them, ~0.01 ms each — dropout in inference runs, and ``contiguous()`` of a tensor that is not
+    a strided view, which returns it as is); casts to the same dtype; integer/bool outputs (no
+    learnedperf dtype); tensor creation and other calls with no kind (``torch.ones``, ``torch.full``, ``torch.arange``...);
+    a direction whose latency is 0 (``bwd`` of a node autograd does not differentiate, e.g. the
+    attention-mask arithmetic); and the parameter-gradient accumulation ``acc_latency_ms``, which
+    belongs to no node's kernel.
+
+    Raises:
+        InputError: ``modes`` names an unknown mode, a column is missing, or a device is not in
+            ``neusight_devices.csv``.
+    """
+    import pandas as pd
+
+    from ..units import dtype_bytes
+    from .records import OP_COLUMNS
+
+    bad = sorted(set(modes) - {"train", "inf"})
+    if bad:
+        raise InputError(f"modes: unknown mode(s) {bad}; known: inf, train")
+    missing = [c for c in GRAPH_NODE_COLUMNS if c not in nodes.columns]
+    if missing:
+        raise InputError(f"graph nodes: missing column(s) {missing} (expected load_neusight_graph_nodes output)")
+    descs = neusight_devices(data_dir)
+    unknown = sorted(set(nodes["device"]) - set(descs))
+    if unknown:
+        raise InputError(f"graph nodes: device(s) {unknown} are not in neusight_devices.csv")
+    dev_json = {k: canonical_json(v) for k, v in descs.items()}
+    graph_of = nodes["run"] + "|" + nodes["device"]
+    dtype_of = dict(zip(zip(graph_of, nodes["name"]), nodes["dtype"]))
+    target_of = dict(zip(zip(graph_of, nodes["name"]), nodes["target_op"]))
+
+    def key_of(node):
+        """(graph, name of the node's first input): where the node's main operand comes from."""
+        return (node.run + "|" + node.device, node.inputs[0]) if node.inputs else None
+
+    records, lost = [], {}
+
+    def count(node, reason: str, fw: float, bw: float, acc: float) -> None:
+        key = (node.device, node.run, node.target_op, reason)
+        c = lost.setdefault(key, [0, 0.0, 0.0, 0.0])
+        c[0] += 1
+        c[1] += fw
+        c[2] += bw
+        c[3] += acc
+
+    for node in nodes[nodes["mode"].isin(list(modes))].itertuples(index=False):
+        fw, bw, acc = node.fw_latency_ms, node.bw_latency_ms, node.acc_latency_ms
+        t = node.target_op
+        if node.node_op in ("placeholder", "get_attr", "output"):
+            count(node, "graph input, parameter or output (no kernel)", fw, bw, acc)
+            continue
+        if node.dtype is None or t in _GRAPH_NO_KERNEL:
+            count(node, "no kernel (view, shape query or Python value)", fw, bw, acc)
+            continue
+        if t == ".contiguous" and target_of.get(key_of(node)) not in _GRAPH_STRIDED_VIEWS:
+            # contiguous() copies only a strided view; a freshly written tensor is returned as is
+            count(node, "contiguous() of a contiguous tensor (no kernel)", fw, bw, acc)
+            continue
+        if node.mode == "inf" and t in ("Dropout", "dropout"):
+            # eval-mode dropout returns its input: NeuSight times ~0.01 ms whatever the size
+            count(node, "no kernel (dropout in inference is the identity)", fw, bw, acc)
+            continue
+        if t in _GRAPH_CASTS:
+            src = dtype_of.get(key_of(node))
+            if src == node.dtype:
+                count(node, "cast to the same dtype (no kernel)", fw, bw, acc)
+                continue
+        if node.dtype not in _FLOAT_DTYPES:
+            count(node, f"{node.dtype} output (no learnedperf dtype)", fw, bw, acc)
+            continue
+        name, fwd, why = _graph_node_op(node, dtype_bytes(node.dtype))
+        if fwd is None:
+            count(node, why, fw, bw, acc)
+            continue
+        directions = [("fwd", fw, fwd)]
+        if node.mode == "train":
+            directions.append(("bwd", bw, _backward_total(fwd)))
+        for direction, time_ms, op in directions:
+            if time_ms <= 0:
+                count(node, f"{direction} not timed ({direction[:2]}_latency 0)", 0.0, 0.0, 0.0)
+                continue
+            records.append({
+                "op": name, "kind": op.kind, "direction": direction, "shape": canonical_json(list(op.shape)),
+                "params": canonical_json({"neusight_graph_node": node.name, "neusight_target": t}),
+                "dtype": node.dtype, "flops": float(op.flops), "bytes": float(op.bytes), "world_size": 1,
+                "time_ms": float(time_ms), "time_p10_ms": float("nan"), "time_p90_ms": float("nan"),
+                "repeats": 0, "warmup": 0, "timer": "unknown", "device_name": descs[node.device]["name"],
+                "device": dev_json[node.device], "backend": "cuda", "threads": 0, "host": "unknown",
+                "source": "neusight_graphs", "measured_at": None,
+                "run": node.run, "model": node.model, "mode": node.mode, "seq": node.seq, "batch": node.batch,
+                "node_index": node.node_index, "node_name": node.name, "target_op": t, "in_layer": node.in_layer})
+        if acc > 0:
+            count(node, "parameter-gradient accumulation (acc_latency, no op record)", 0.0, 0.0, acc)
+    ops = pd.DataFrame(records, columns=list(OP_COLUMNS) + list(GRAPH_OP_EXTRA_COLUMNS))
+    unmapped = pd.DataFrame([(*k, *v) for k, v in lost.items()],
+                            columns=["device", "run", "target_op", "reason", "nodes", "fw_latency_ms",
+                                     "bw_latency_ms", "acc_latency_ms"])
+    return GraphOps(ops, unmapped)

@@ -10,10 +10,17 @@ bandwidth, so the residual is what transfers to devices never measured
 A squared loss on a log target is also a loss on *relative* error, which is how
 operator times are judged (MAPE).
 
+Training runs in-process, or data-parallel on a Dask cluster through
+``lightgbm.dask`` (``fit(..., client=...)``): same parameters, target and
+excluded features; the fitted booster is brought back to this process, so
+saving, loading and predicting do not depend on how the model was trained.
+:func:`load_op_training_data` assembles the operator records the default model
+is trained on (this project's measured operators plus NeuSight's public ones).
+
 Artifacts are LightGBM text models plus a JSON sidecar (feature schema version
-and names, sha256 of the model file): no pickles. :meth:`OpTimeRegressor.load`
-refuses a missing, tampered, truncated or schema-incompatible model with an
-:class:`~learnedperf.errors.InputError`.
+and names, sha256 of the model file, how the model was trained): no pickles.
+:meth:`OpTimeRegressor.load` refuses a missing, tampered, truncated or
+schema-incompatible model with an :class:`~learnedperf.errors.InputError`.
 
 :class:`LearnedOpCost` puts a fitted regressor behind the
 :class:`~learnedperf.cost.CostModel` interface (communication delegated to a
@@ -24,11 +31,14 @@ operator costs.
 from __future__ import annotations
 
 import json
+import numbers
+import warnings
 from pathlib import Path
 from typing import Any, Iterable
 
 from ..cost import CommCost, CostModel, RooflineCost
-from ..errors import InputError
+from ..errors import InputError, LearnedPerfError
+from ..io import load_json_file
 from ..features.ops import OP_FEATURE_SCHEMA, ROOFLINE_COLUMN, op_features, op_features_from_ops
 from ..graph.ops import Op
 from ..measure.records import sha256_file
@@ -63,8 +73,12 @@ class OpTimeRegressor:
     :func:`~learnedperf.features.op_features`); ``y`` and predictions are operator times in
     **milliseconds**. Internally the model fits ``log(time_s) - log_roofline_s``.
 
+    Learned state: ``booster_`` (the LightGBM booster, always in this process), ``n_features_in_``,
+    ``schema_version_``, ``trained_with_`` (``'local'``, ``'dask'``, or ``'unknown'`` for a model
+    saved before this was recorded) and ``dask_workers_`` (workers that trained it, 0 locally).
+
     Args:
-        n_jobs: LightGBM threads.
+        n_jobs: LightGBM threads (local training and prediction).
         random_state: seed of the row and column subsampling.
         exclude_features: schema names held constant (so never split on) in fit and predict;
             default :data:`DEVICE_IDENTITY_FEATURES`.
@@ -103,23 +117,103 @@ class OpTimeRegressor:
             X[:, [OP_FEATURE_SCHEMA.index(n) for n in self.exclude_features]] = 0.0
         return X
 
-    def fit(self, X, y_ms, sample_weight=None) -> "OpTimeRegressor":
-        """Fit on features ``X`` and measured times ``y_ms`` (milliseconds, > 0); return self."""
-        import lightgbm
+    def fit(self, X, y_ms, sample_weight=None, client=None) -> "OpTimeRegressor":
+        """Fit on features ``X`` and measured times ``y_ms`` (milliseconds, > 0); return self.
+
+        Args:
+            X: feature matrix (:func:`~learnedperf.features.op_features`).
+            y_ms: measured times in milliseconds.
+            sample_weight: optional weight per row.
+            client: a ``dask.distributed.Client``: train data-parallel with
+                ``lightgbm.dask.DaskLGBMRegressor`` on its workers (rows shuffled with
+                ``random_state`` and split into one partition per worker, LightGBM's network on the
+                workers' own addresses). Parameters, target and excluded features are the local
+                path's; LightGBM threads per worker are the worker's thread count (lightgbm.dask
+                ignores ``n_jobs``). ``None`` (default): train in this process.
+
+        Sets ``booster_`` (always a local booster), ``trained_with_`` (``'local'`` or ``'dask'``)
+        and ``dask_workers_`` (workers that trained, 0 locally).
+
+        Raises:
+            InputError: a bad matrix or time, or ``client`` is not a dask Client.
+            LearnedPerfError: the cluster cannot train (closed client, no workers, a worker or
+                LightGBM's network failed), with the scheduler's address and the cause.
+        """
         import numpy as np
 
         X = self._check_X(X)
         y_ms = np.asarray(y_ms, dtype=np.float64)
         if y_ms.shape != (X.shape[0],) or not np.all(np.isfinite(y_ms)) or np.any(y_ms <= 0):
             raise InputError("op times: expected one finite positive time_ms per row")
+        if sample_weight is not None:
+            sample_weight = np.asarray(sample_weight, dtype=np.float64)
+            if sample_weight.shape != (X.shape[0],):
+                raise InputError(f"sample_weight: expected {X.shape[0]} weights, got shape {sample_weight.shape}")
         target = np.log(y_ms * 1e-3) - X[:, OP_FEATURE_SCHEMA.index(ROOFLINE_COLUMN)]
-        model = lightgbm.LGBMRegressor(n_jobs=self.n_jobs, random_state=self.random_state, verbose=-1,
-                                       **self.lgbm_params)
-        model.fit(X, target, sample_weight=sample_weight, feature_name=_lgbm_names())
-        self.booster_ = model.booster_
+        if client is None:
+            import lightgbm
+
+            model = lightgbm.LGBMRegressor(n_jobs=self.n_jobs, random_state=self.random_state, verbose=-1,
+                                           **self.lgbm_params)
+            model.fit(X, target, sample_weight=sample_weight, feature_name=_lgbm_names())
+            self.booster_ = model.booster_
+            self.trained_with_, self.dask_workers_ = "local", 0
+        else:
+            self.booster_, self.dask_workers_ = self._fit_dask(client, X, target, sample_weight)
+            self.trained_with_ = "dask"
         self.n_features_in_ = X.shape[1]
         self.schema_version_ = OP_FEATURE_SCHEMA.version
         return self
+
+    def _fit_dask(self, client, X, target, sample_weight) -> tuple:
+        """Train on ``client``'s workers; return (local booster, number of workers that held data)."""
+        import numpy as np
+
+        if not all(hasattr(client, a) for a in ("nthreads", "scatter", "scheduler")):
+            raise InputError(f"client: expected a dask.distributed.Client, got {type(client).__name__}")
+        address = getattr(getattr(client, "scheduler", None), "address", None) or repr(client)
+        if getattr(client, "status", "running") != "running":
+            raise LearnedPerfError(f"dask cluster {address}: the client is {client.status}, not running")
+        try:
+            workers = sorted(client.nthreads())
+        except Exception as exc:  # the scheduler is gone: report it as the cluster's failure
+            raise LearnedPerfError(f"dask cluster {address}: cannot list workers ({type(exc).__name__}: {exc})") from exc
+        if not workers:
+            raise LearnedPerfError(f"dask cluster {address}: no workers; start workers or train locally (client=None)")
+        n = X.shape[0]
+        if n < len(workers):
+            raise InputError(f"op records: {n} rows cannot be split over {len(workers)} dask workers")
+        import dask
+        import dask.array as da
+        from lightgbm.dask import DaskLGBMRegressor
+
+        # Shuffled, so that each worker's part looks like the whole: LightGBM's data-parallel learner
+        # builds each feature's bins from one worker's rows.
+        order = np.random.default_rng(self.random_state).permutation(n)
+        parts = np.array_split(order, len(workers))
+        try:
+            xs, ys, ws = [], [], []
+            for worker, idx in zip(workers, parts):
+                # One partition pinned to each worker: lightgbm.dask trains on the workers that hold data.
+                for arrays, chunk in ((xs, X[idx]), (ys, target[idx]), (ws, None if sample_weight is None
+                                                                        else sample_weight[idx])):
+                    if chunk is None:
+                        continue
+                    fut = client.scatter(chunk, workers=[worker])
+                    arrays.append(da.from_delayed(dask.delayed(fut), shape=chunk.shape, dtype=chunk.dtype))
+            model = DaskLGBMRegressor(client=client, random_state=self.random_state, verbose=-1,
+                                      **self.lgbm_params)
+            with warnings.catch_warnings():
+                # lightgbm.dask always sets threads from each worker's nthreads and warns that the
+                # wrapper's own n_jobs default is ignored; that is the documented behaviour here
+                warnings.filterwarnings("ignore", message="Parameter n_jobs will be ignored", category=UserWarning)
+                model.fit(da.concatenate(xs), da.concatenate(ys),
+                          sample_weight=da.concatenate(ws) if ws else None, feature_name=_lgbm_names())
+            booster = model.to_local().booster_
+        except Exception as exc:  # worker death, LightGBM network errors, ...: name the cluster and the cause
+            raise LearnedPerfError(f"dask cluster {address}: LightGBM training failed "
+                                   f"({type(exc).__name__}: {exc})") from exc
+        return booster, len(workers)
 
     def predict(self, X) -> "Any":
         """Predicted times in milliseconds for the rows of ``X``."""
@@ -134,9 +228,13 @@ class OpTimeRegressor:
         return np.exp(resid + X[:, OP_FEATURE_SCHEMA.index(ROOFLINE_COLUMN)].astype(np.float64)) * 1e3
 
     # ------------------------------------------------------- records API
-    def fit_records(self, records, sample_weight=None) -> "OpTimeRegressor":
-        """Fit on an ``OP_COLUMNS`` DataFrame of measured operator records; return self."""
-        return self.fit(op_features(records), records["time_ms"].to_numpy(), sample_weight=sample_weight)
+    def fit_records(self, records, sample_weight=None, client=None) -> "OpTimeRegressor":
+        """Fit on an ``OP_COLUMNS`` DataFrame of measured operator records; return self.
+
+        ``client``: a ``dask.distributed.Client`` to train on its workers (see :meth:`fit`).
+        """
+        return self.fit(op_features(records), records["time_ms"].to_numpy(), sample_weight=sample_weight,
+                        client=client)
 
     def predict_records(self, records) -> "Any":
         """Predicted ``time_ms`` of each row of an ``OP_COLUMNS`` DataFrame."""
@@ -159,7 +257,9 @@ class OpTimeRegressor:
                 "feature_schema": {"name": OP_FEATURE_SCHEMA.name, "version": OP_FEATURE_SCHEMA.version,
                                    "names": OP_FEATURE_SCHEMA.names},
                 "params": self.get_params(), "model_file": MODEL_FILE,
-                "model_sha256": sha256_file(model_path)}
+                "model_sha256": sha256_file(model_path),
+                "training": {"trained_with": getattr(self, "trained_with_", "unknown"),
+                             "dask_workers": getattr(self, "dask_workers_", 0)}}
         (directory / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         return directory
 
@@ -176,12 +276,7 @@ class OpTimeRegressor:
 
         directory = Path(directory)
         meta_path, model_path = directory / META_FILE, directory / MODEL_FILE
-        try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise InputError(f"{meta_path}: cannot read ({exc.strerror})") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise InputError(f"{meta_path}: not valid JSON ({exc})") from None
+        meta = load_json_file(meta_path)
         if not isinstance(meta, dict) or not isinstance(meta.get("feature_schema"), dict):
             raise InputError(f"{meta_path}: missing 'feature_schema'")
         fs = meta["feature_schema"]
@@ -203,11 +298,143 @@ class OpTimeRegressor:
             raise InputError(f"{model_path}: model has {booster.num_feature()} features, schema has "
                              f"{len(OP_FEATURE_SCHEMA.features)}")
         params = dict(meta.get("params") or {})
+        training = meta.get("training")
+        if training is None:
+            # sidecars written before training was recorded: how is unknown, and is said so
+            training = {"trained_with": "unknown", "dask_workers": 0}
+        if not isinstance(training, dict) or training.get("trained_with") not in ("local", "dask", "unknown"):
+            raise InputError(f"{meta_path}: 'training.trained_with' must be 'local', 'dask' or 'unknown', "
+                             f"got {training!r}")
+        workers = training.get("dask_workers", 0)
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+            raise InputError(f"{meta_path}: 'training.dask_workers' must be an integer >= 0, got {workers!r}")
         self = cls(**params)
         self.booster_ = booster
+        self.trained_with_ = training["trained_with"]
+        self.dask_workers_ = workers
         self.n_features_in_ = booster.num_feature()
         self.schema_version_ = fs["version"]
         return self
+
+
+#: ``datasets/measured`` of the repository this package sits in (learnedperf/../datasets/measured).
+MEASURED_DIR = Path(__file__).resolve().parents[2] / "datasets" / "measured"
+
+
+def _provenance(directory: Path) -> str:
+    """``directory`` relative to the repository root when inside it (``'datasets/measured/vm-xeon-2c'``)."""
+    root = MEASURED_DIR.parents[1]
+    try:
+        return directory.resolve().relative_to(root).as_posix()
+    except ValueError:
+        return str(directory)
+
+
+def load_op_training_data(measured_dirs: Iterable[str | Path] | None = None, neusight: bool = True,
+                          neusight_graphs: bool = False, rows_per_device: int | None = None,
+                          seed: int = 0) -> "Any":
+    """The operator records the default :class:`OpTimeRegressor` is trained on (a pandas DataFrame).
+
+    Sources, concatenated in this order:
+
+    * every ``ops_*.parquet`` of each directory of ``measured_dirs`` (default: every directory
+      under :data:`MEASURED_DIR`, this repository's ``datasets/measured/*/``). A directory's
+      ``manifest.json``, when it has one, is checked first (sha256 of every listed file).
+      Collective records (``kind`` in ``COMM_KINDS``, e.g. the whole of ``ops_*_collectives.parquet``)
+      are left out: the collective model costs them, the regressor has no kind for them;
+    * ``neusight``: NeuSight's single-kernel latencies (:func:`~learnedperf.measure.public.load_neusight_ops`);
+    * ``neusight_graphs``: the nodes of NeuSight's whole-model *training* graphs
+      (:func:`~learnedperf.measure.public.neusight_graph_ops`).
+
+    Records without a positive, finite ``time_ms`` cannot be learned from and are left out.
+    Everything left out is counted in ``df.attrs["skipped"]`` (reason → rows or nodes).
+
+    Args:
+        measured_dirs: directories of measured operator records (``None``: the repository's).
+        neusight: add NeuSight's kernel latencies (needs ``shared/data``).
+        neusight_graphs: add the operator records of NeuSight's training graphs (needs ``shared/data``).
+        rows_per_device: keep at most this many rows of each (provenance, device) pair, drawn
+            without replacement with ``seed`` (the same arguments give the same rows); ``None``: all.
+        seed: seed of that draw.
+
+    Returns:
+        ``OP_COLUMNS`` (:mod:`learnedperf.measure.records`) plus ``provenance``: where the row comes
+        from (``'datasets/measured/vm-xeon-2c'``, ``'neusight'``, ``'neusight_graphs'``); the device
+        is in ``device_name`` and ``device`` (its descriptor).
+
+    Raises:
+        InputError: a directory is missing, a file is unreadable or corrupt, a manifest's sha256
+            differs, a file lacks a column or has an unknown op kind (the message names the file),
+            or the shared data a NeuSight source needs is missing.
+    """
+    import numpy as np
+    import pandas as pd
+
+    from ..features.ops import KINDS
+    from ..graph.ops import COMM_KINDS
+    from ..measure import public
+    from ..measure.records import OP_COLUMNS, verify_manifest
+
+    if rows_per_device is not None and (isinstance(rows_per_device, bool)
+                                        or not isinstance(rows_per_device, numbers.Integral) or rows_per_device <= 0):
+        raise InputError(f"rows_per_device: expected a positive integer or None, got {rows_per_device!r}")
+    if measured_dirs is None:
+        if not MEASURED_DIR.is_dir():
+            raise InputError(f"{MEASURED_DIR}: no such directory (pass measured_dirs=)")
+        measured_dirs = sorted(p for p in MEASURED_DIR.iterdir() if p.is_dir())
+    frames, skipped = [], {}
+    for d in map(Path, measured_dirs):
+        if not d.is_dir():
+            raise InputError(f"{d}: no such directory of measured records")
+        if (d / "manifest.json").is_file():
+            verify_manifest(d)
+        prov = _provenance(d)
+        for f in sorted(d.glob("ops_*.parquet")):
+            try:
+                df = pd.read_parquet(f)
+            except Exception as exc:  # pyarrow: truncated or corrupt file, not Parquet at all
+                raise InputError(f"{f}: cannot read operator records ({type(exc).__name__}: {exc})") from None
+            missing = [c for c in OP_COLUMNS if c not in df.columns]
+            if missing:
+                raise InputError(f"{f}: missing column(s) {missing}")
+            comm = df["kind"].isin(COMM_KINDS).to_numpy()
+            unknown = sorted(set(df.loc[~comm, "kind"].astype(str)) - set(KINDS))
+            if unknown:
+                raise InputError(f"{f}: unknown op kind(s) {unknown}")
+            if comm.any():
+                key = f"{prov}/{f.name}: collective records (costed by the collective model)"
+                skipped[key] = int(comm.sum())
+            frames.append(df.loc[~comm, list(OP_COLUMNS)].assign(provenance=prov))
+    if neusight:
+        frames.append(public.load_neusight_ops().assign(provenance="neusight"))
+    if neusight_graphs:
+        ops, unmapped = public.neusight_graph_ops(public.load_neusight_graph_nodes())
+        frames.append(ops[list(OP_COLUMNS)].assign(provenance="neusight_graphs"))
+        for reason, n in unmapped.groupby("reason")["nodes"].sum().items():
+            skipped[f"neusight_graphs: {reason}"] = int(n)
+    if not frames:
+        raise InputError("op training data: no source gave records (no ops_*.parquet in "
+                         f"{[str(d) for d in measured_dirs]} and neusight sources off)")
+    df = pd.concat(frames, ignore_index=True)
+    t = pd.to_numeric(df["time_ms"], errors="coerce").to_numpy(dtype=np.float64)
+    bad = ~(np.isfinite(t) & (t > 0))
+    for prov, n in pd.Series(df["provenance"][bad]).value_counts().items():
+        skipped[f"{prov}: time_ms missing or not positive"] = int(n)
+    df = df[~bad].reset_index(drop=True)
+    if rows_per_device is not None:
+        rng = np.random.default_rng(seed)
+        keep, dropped = [], 0
+        # groups in sorted order, so the draw depends only on the data and the seed
+        for _, idx in sorted(df.groupby(["provenance", "device_name"]).indices.items()):
+            if len(idx) > rows_per_device:
+                dropped += len(idx) - rows_per_device
+                idx = rng.choice(idx, rows_per_device, replace=False)
+            keep.append(idx)
+        if dropped:
+            skipped[f"rows_per_device={rows_per_device}: not drawn"] = dropped
+        df = df.iloc[np.sort(np.concatenate(keep))].reset_index(drop=True)
+    df.attrs["skipped"] = skipped
+    return df
 
 
 def _lgbm_names() -> list[str]:
@@ -243,6 +470,21 @@ class LearnedOpCost(CostModel):
             times_ms = self.regressor.predict_ops(todo, self._device)
             for op, t in zip(todo, times_ms):
                 self._cache[op] = float(t) * 1e-3
+
+    def prefetch_run(self, run: Any) -> "LearnedOpCost":
+        """Predict every compute op of ``run``'s execution graph in one batch; return self.
+
+        The simulator asks for op costs one at a time, and one LightGBM call per op costs about a
+        millisecond: batching a run's ops first makes a learned-cost simulation as fast as a roofline
+        one. Ops compare by value, so the shortened schedule's ops are the simulated ones.
+        """
+        from ..graph.execution import compile_run
+        from ..simulate.memory import memory_microbatches
+
+        eg = compile_run(run, memory_microbatches(run))
+        self.prefetch(op for st in eg.stages for ch in st.chunks for ops, _rep in ch.forward + ch.backward
+                      for op in ops)
+        return self
 
     def compute_time_s(self, op: Op) -> float:
         """Seconds of compute op ``op`` on one device, as the regressor predicts."""

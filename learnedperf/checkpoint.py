@@ -1,0 +1,224 @@
+"""Self-describing checkpoints: the learned iteration-time model as files anyone can audit.
+
+A checkpoint is a directory::
+
+    manifest.json                 format, versions, method, feature schemas, normalisation,
+                                  interval calibration, training data, metrics, sha256 of every file
+    op_regressor/op_time_model.txt  LightGBM text model (methods on learned operator costs)
+    op_regressor/op_time_model.json its sidecar (feature schema, sha256)
+    gnn/gnn.safetensors           the GNN's state_dict (safetensors: tensors only, no pickle)
+    gnn/gnn.json                  its hyperparameters and normalisation
+
+:func:`load_checkpoint` refuses, with one :class:`~learnedperf.errors.InputError` naming
+the file and the problem, a checkpoint that is missing a file, whose file's sha256
+differs from the manifest (tampered or truncated), that an older or newer format wrote,
+or whose feature schema, simulator or cost model differ from this code's (its
+predictions would silently mean something else: retrain with ``learnedperf train``).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from .errors import InputError
+from .io import load_json_file
+
+FORMAT = "learnedperf-checkpoint"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+OP_DIR = "op_regressor"
+GNN_DIR = "gnn"
+
+
+def default_checkpoint_dir() -> Path:
+    """``checkpoints/default`` of the repository the package is installed from."""
+    return Path(__file__).resolve().parents[1] / "checkpoints" / "default"
+
+
+def library_versions() -> dict:
+    """Versions of the package and of the libraries a checkpoint depends on (from package metadata:
+    nothing is imported)."""
+    from importlib import metadata
+
+    from . import __version__
+
+    out = {"learnedperf": __version__, "python": platform.python_version()}
+    for dist in ("numpy", "pandas", "lightgbm", "torch", "torch-geometric", "safetensors", "scikit-learn"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def _compat() -> dict:
+    """What a checkpoint must agree on with this code."""
+    from .data.records import cost_model_version
+    from .features.graph import GRAPH_FEATURE_SCHEMA_VERSION
+    from .features.ops import OP_FEATURE_SCHEMA
+    from .simulate import SIMULATOR_VERSION
+
+    return {"op_feature_schema_version": OP_FEATURE_SCHEMA.version,
+            "graph_feature_schema_version": GRAPH_FEATURE_SCHEMA_VERSION,
+            "simulator_version": SIMULATOR_VERSION, "cost_model_version": cost_model_version("roofline")}
+
+
+def _files(directory: Path) -> dict:
+    from .measure.records import sha256_file
+
+    out = {}
+    for f in sorted(directory.rglob("*")):
+        if f.is_file() and f.name != MANIFEST:
+            out[f.relative_to(directory).as_posix()] = {"sha256": sha256_file(f), "bytes": f.stat().st_size}
+    return out
+
+
+def save_checkpoint(directory: str | Path, model: Any, training_data: dict, metrics: Optional[dict] = None,
+                    notes: Optional[list[str]] = None) -> Path:
+    """Write a fitted :class:`~learnedperf.models.iteration.IterationModel` as a checkpoint.
+
+    Args:
+        directory: created if missing; files of an older checkpoint there are replaced.
+        model: the fitted model (its op regressor and GNN are written when the method uses them).
+        training_data: description of the data it was trained on (data set manifest hash, counts).
+        metrics: evaluation figures to record (e.g. the held-out report's tables).
+        notes: free-text lines for readers.
+
+    Returns:
+        the manifest path.
+    """
+    from .features.graph import graph_feature_schema_dict
+    from .features.ops import OP_FEATURE_SCHEMA
+    from .models.iteration import GNN_METHODS, needs_ops
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    for old in (directory / MANIFEST,):
+        if old.exists():
+            old.unlink()
+    components: dict[str, Any] = {}
+    if needs_ops(model.method):
+        model.op_regressor.save(directory / OP_DIR)
+        components["op_regressor"] = OP_DIR
+    normalisation = None
+    if model.method in GNN_METHODS:
+        model.gnn_.save(directory / GNN_DIR)
+        components["gnn"] = GNN_DIR
+        gnn_meta = load_json_file(directory / GNN_DIR / "gnn.json")
+        normalisation = gnn_meta.get("normalisation")
+    manifest = {
+        "format": FORMAT, "format_version": FORMAT_VERSION,
+        "created": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
+        "method": model.method, "components": components,
+        "model": {"formula_mfu": getattr(model, "mfu_", None), "gnn_params": model.gnn_params,
+                  "calibration_fraction": model.calibration_fraction, "seed": model.seed,
+                  "n_train": model.n_train_, "n_train_measured": model.n_train_measured_},
+        "versions": library_versions(), "compat": _compat(),
+        "feature_schema": {"op": OP_FEATURE_SCHEMA.to_dict(), "graph": graph_feature_schema_dict()},
+        "normalisation": normalisation,
+        "interval": model.interval_.to_dict(),
+        "training_data": training_data, "metrics": metrics or {}, "notes": list(notes or []),
+        "files": _files(directory),
+    }
+    path = directory / MANIFEST
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+@dataclass
+class Checkpoint:
+    """A verified checkpoint: its manifest and its loaded parts.
+
+    Attributes:
+        path: the directory.
+        manifest: the parsed ``manifest.json``.
+        method: the :data:`~learnedperf.models.iteration.METHODS` entry it answers with.
+        interval: the calibrated :class:`~learnedperf.models.intervals.ConformalInterval`.
+        op_regressor: the :class:`~learnedperf.models.gbdt.OpTimeRegressor`, or None.
+        gnn: the :class:`~learnedperf.models.gnn.GNNRegressor`, or None.
+        formula_mfu: the fitted MFU of the ``formula`` method, or None.
+    """
+
+    path: Path
+    manifest: dict
+    method: str
+    interval: Any
+    op_regressor: Any = None
+    gnn: Any = None
+    formula_mfu: Optional[float] = None
+
+    @property
+    def source(self) -> str:
+        """The ``source`` a prediction of this checkpoint reports."""
+        return f"checkpoint:{self.path.name}:{self.method}"
+
+
+def load_checkpoint(path: str | Path | None = None) -> Checkpoint:
+    """Load and verify a checkpoint (default: :func:`default_checkpoint_dir`).
+
+    Raises:
+        InputError: no manifest; not a checkpoint; an unknown format version; a listed file missing or
+            with another sha256; a file not listed; an incompatible feature schema, simulator or cost
+            model; a component that does not load. The message names the file and what is wrong.
+    """
+    from .measure.records import verify_files
+    from .models.intervals import ConformalInterval
+    from .models.iteration import METHODS
+
+    path = Path(path) if path is not None else default_checkpoint_dir()
+    mpath = path / MANIFEST
+    if not mpath.is_file():
+        raise InputError(f"{mpath}: no checkpoint manifest (train one with 'learnedperf train')")
+    manifest = load_json_file(mpath)
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise InputError(f"{mpath}: not a learnedperf checkpoint manifest")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise InputError(f"{mpath}: checkpoint format version {manifest.get('format_version')!r}; this learnedperf "
+                         f"reads version {FORMAT_VERSION}")
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        raise InputError(f"{mpath}: 'files' must map file names to their sha256")
+    verify_files(path, files, MANIFEST, what="checkpoint file")
+    extra = sorted(set(_files(path)) - set(files))
+    if extra:
+        raise InputError(f"{path / extra[0]}: file not listed in {MANIFEST} (checkpoint altered)")
+    compat, ours = manifest.get("compat") or {}, _compat()
+    for key, value in ours.items():
+        if compat.get(key) != value:
+            raise InputError(f"{mpath}: incompatible checkpoint: {key} is {compat.get(key)!r}, this code has "
+                             f"{value!r}; retrain it with 'learnedperf train'")
+    method = manifest.get("method")
+    if method not in METHODS:
+        raise InputError(f"{mpath}: unknown method {method!r}")
+    interval = ConformalInterval.from_dict(manifest.get("interval"))
+    comps = manifest.get("components") or {}
+    ckpt = Checkpoint(path, manifest, method, interval,
+                      formula_mfu=(manifest.get("model") or {}).get("formula_mfu"))
+    if method == "formula" and not (isinstance(ckpt.formula_mfu, (int, float)) and ckpt.formula_mfu > 0):
+        raise InputError(f"{mpath}: method 'formula' needs a positive model.formula_mfu")
+    if "op_regressor" in comps:
+        from .models.gbdt import OpTimeRegressor
+
+        ckpt.op_regressor = OpTimeRegressor.load(path / comps["op_regressor"])
+    if "gnn" in comps:
+        from .models.gnn import GNNRegressor
+
+        ckpt.gnn = GNNRegressor.load(path / comps["gnn"])
+    from .models.iteration import GNN_METHODS, needs_ops
+
+    if needs_ops(method) and ckpt.op_regressor is None:
+        raise InputError(f"{mpath}: method {method!r} needs components.op_regressor")
+    if method in GNN_METHODS and ckpt.gnn is None:
+        raise InputError(f"{mpath}: method {method!r} needs components.gnn")
+    return ckpt
+
+
+__all__ = ["Checkpoint", "FORMAT", "FORMAT_VERSION", "default_checkpoint_dir", "library_versions", "load_checkpoint",
+           "save_checkpoint"]

@@ -1,0 +1,223 @@
+"""Training and evaluation runs of the learned models, assembled from a generated data set.
+
+:func:`load_runs` reads a data set written by ``learnedperf generate`` (simulated and
+measured records, their execution graphs) and returns a :class:`Runs` table: one row
+per usable record with its spec, its graph, and the simulator's answer under each
+*base* the models build on:
+
+* ``sim_ms`` — the simulator on the fitted roofline cost model (the record's own
+  ``sim_iteration_time_ms``);
+* ``sim_ops_ms`` — the simulator on learned operator costs
+  (:class:`~learnedperf.models.gbdt.LearnedOpCost`), when an operator regressor is given.
+
+Measured records store no simulated breakdown, so they are simulated again here (the
+graph features need it). A record that cannot be used (no graph, no simulator answer,
+no positive target) is counted by reason in :attr:`Runs.dropped` — never dropped silently.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from ..errors import InputError
+
+#: Breakdown columns of a record, in the simulator's ``breakdown_ms`` keys.
+BREAKDOWN_COLUMNS = {"forward": "forward_ms", "backward": "backward_ms", "recompute": "recompute_ms",
+                     "compute": "compute_ms", "optimizer": "optimizer_ms",
+                     "exposed_communication": "exposed_communication_ms", "pipeline_bubble": "pipeline_bubble_ms"}
+
+
+@dataclass
+class Runs:
+    """Usable runs of a data set, aligned row by row.
+
+    Attributes:
+        records: the records (pandas DataFrame, index 0..n-1).
+        specs: the parsed :class:`~learnedperf.specs.RunSpec` of each row.
+        graphs: the coarsened execution graph of each row (dict of numpy arrays).
+        breakdown_ms: the roofline simulator's breakdown of each row.
+        sim_ms: the roofline simulator's iteration time of each row (numpy).
+        sim_ops: ``(sim_ops_ms, breakdown_ms list, learned node times list)`` on learned op costs, or None;
+            simulated rows have NaN ``sim_ops_ms`` and the roofline breakdown (see :func:`load_runs`).
+        dropped: unusable records by reason.
+        op_regressor: the operator regressor ``sim_ops`` was computed with (None without).
+    """
+
+    records: Any
+    specs: list
+    graphs: list
+    breakdown_ms: list
+    sim_ms: Any
+    sim_ops: Optional[tuple] = None
+    dropped: Counter = field(default_factory=Counter)
+    op_regressor: Any = None
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    @property
+    def measured(self):
+        """Boolean numpy mask of measured rows."""
+        return (self.records["source"] == "measured").to_numpy()
+
+    def subset(self, mask: Any) -> "Runs":
+        """The rows where boolean ``mask`` is true, as a new :class:`Runs`."""
+        import numpy as np
+
+        idx = np.flatnonzero(np.asarray(mask, dtype=bool))
+        sim_ops = None
+        if self.sim_ops is not None:
+            t, bd, nodes = self.sim_ops
+            sim_ops = (t[idx], [bd[i] for i in idx], [nodes[i] for i in idx])
+        return Runs(self.records.iloc[idx].reset_index(drop=True), [self.specs[i] for i in idx],
+                    [self.graphs[i] for i in idx], [self.breakdown_ms[i] for i in idx], self.sim_ms[idx], sim_ops,
+                    Counter(self.dropped), self.op_regressor)
+
+
+def _record_breakdown(row: Any) -> Optional[dict]:
+    out = {}
+    for key, col in BREAKDOWN_COLUMNS.items():
+        v = row[col]
+        if v is None or v != v:
+            return None
+        out[key] = float(v)
+    return out
+
+
+def learned_node_times_s(graph: dict, spec: Any, regressor: Any):
+    """The operator regressor's seconds for every compute node of ``graph`` (NaN for collectives).
+
+    Nodes carry kind, phase, dtype, FLOPs, bytes and shape: enough to rebuild the :class:`Op`
+    the regressor's features need (a causal mask is not stored; attention nodes count as
+    non-causal, as the roofline's node times do).
+    """
+    import numpy as np
+
+    from ..data.graphs import DTYPES, KINDS, PHASES
+    from ..graph.ops import Op
+
+    n = len(graph["kind"])
+    out = np.full(n, np.nan)
+    compute = np.flatnonzero(~graph["is_comm"])
+    if len(compute) == 0:
+        return out
+    ops = []
+    for i in compute:
+        kind, phase = KINDS[int(graph["kind"][i])], PHASES[int(graph["phase"][i])]
+        shape = tuple(int(x) for x in graph["shape"][i] if x > 0)
+        ops.append(Op("node", kind, phase, float(graph["flops"][i]), float(graph["bytes"][i]), DTYPES[int(graph["dtype"][i])], shape))
+    out[compute] = regressor.predict_ops(ops, spec.hardware.device.to_dict()) * 1e-3
+    return out
+
+
+def load_runs(data_dir: str | Path, op_regressor: Any = None, sources: tuple[str, ...] = ("simulated", "measured"),
+              limit_simulated: Optional[int] = None, progress: bool = False, node_times: bool = True) -> Runs:
+    """Read the usable runs of the data set ``data_dir``.
+
+    Args:
+        data_dir: a data set written by ``learnedperf generate`` (checked against its manifest).
+        op_regressor: a fitted :class:`~learnedperf.models.gbdt.OpTimeRegressor`; when given, every
+            row is also simulated on learned operator costs (``Runs.sim_ops``).
+        sources: which record sources to read.
+        limit_simulated: keep at most this many simulated rows (the first by sample index).
+        progress: show a progress bar on stderr.
+        node_times: with ``op_regressor``, also predict every graph node's time (the node feature of
+            ``gnn_residual+ops``; minutes for thousands of large graphs). Without it those entries are None.
+    """
+    import numpy as np
+
+    from ..cost import RooflineCost
+    from ..data.graphs import load_graphs
+    from ..data.store import load_records
+    from ..simulate import simulate
+    from ..specs import RunSpec
+
+    data_dir = Path(data_dir)
+    df = load_records(data_dir, sources=sources, check=True)
+    if limit_simulated is not None:
+        sim_rows = df.index[df["source"] == "simulated"]
+        df = df.drop(sim_rows[limit_simulated:])
+    dropped: Counter = Counter()
+    keep = np.ones(len(df), dtype=bool)
+    for i, (shard, sim, y) in enumerate(zip(df["graph_shard"], df["sim_iteration_time_ms"], df["iteration_time_ms"])):
+        if shard is None or shard != shard:
+            dropped["no execution graph"] += 1
+            keep[i] = False
+        elif sim is None or not sim == sim or sim <= 0:
+            dropped["the simulator has no answer"] += 1
+            keep[i] = False
+        elif y is None or not y == y or y <= 0:
+            dropped["no positive iteration_time_ms"] += 1
+            keep[i] = False
+    df = df[keep].reset_index(drop=True)
+    if len(df) == 0:
+        raise InputError(f"{data_dir}: no usable run (dropped: {dict(dropped)})")
+    graphs = load_graphs(data_dir, list(zip(df["graph_shard"], df["graph_row"].astype(int))))
+    specs, breakdowns = [], []
+    sim_ops_t, sim_ops_bd, node_times_s = [], [], []
+    rows = df.to_dict("records")
+    bar = _progress(len(rows), "simulate runs", progress)
+    for row, graph in zip(rows, graphs):
+        spec = RunSpec.from_dict(json.loads(row["run"]))
+        specs.append(spec)
+        bd = _record_breakdown(row)
+        if bd is None:
+            bd = simulate(spec, cost=RooflineCost(spec.hardware)).to_prediction()["breakdown_ms"]
+        breakdowns.append({k: float(bd.get(k, 0.0)) for k in BREAKDOWN_COLUMNS})
+        if op_regressor is not None:
+            from .gbdt import LearnedOpCost
+
+            if row["source"] == "measured":
+                res = simulate(spec, cost=LearnedOpCost(spec.hardware, op_regressor).prefetch_run(spec)).to_prediction()
+                sim_ops_t.append(res["iteration_time_ms"])
+                sim_ops_bd.append({k: float(res["breakdown_ms"].get(k, 0.0)) for k in BREAKDOWN_COLUMNS})
+            else:
+                # a simulated run's target is the roofline simulator's own answer: a model built on the
+                # learned-cost simulator anchors it at that target (IterationModel.samples), so the learned
+                # simulation (seconds per large run) is not needed; the breakdown stays the roofline's
+                sim_ops_t.append(float("nan"))
+                sim_ops_bd.append(breakdowns[-1])
+            node_times_s.append(learned_node_times_s(graph, spec, op_regressor) if node_times else None)
+        bar.update(1)
+    bar.close()
+    sim_ops = (np.asarray(sim_ops_t, dtype=float), sim_ops_bd, node_times_s) if op_regressor is not None else None
+    return Runs(df, specs, graphs, breakdowns, df["sim_iteration_time_ms"].to_numpy(dtype=float), sim_ops, dropped,
+                op_regressor)
+
+
+def _progress(total: int, desc: str, enabled: bool):
+    from tqdm import tqdm
+
+    import sys
+
+    # a bar only on a terminal: redirected to a file, tqdm's carriage returns make megabytes of log
+    return tqdm(total=total, desc=desc, disable=not (enabled and sys.stderr.isatty()), leave=False, mininterval=1.0)
+
+
+def strategy_group(records: Any):
+    """Label of each record's (model, cluster, batch): the strategies of one group are ranked
+    against each other (Kendall τ, top-1 regret)."""
+    cols = ["model_name", "num_layers", "hidden_size", "seq_length", "device_name", "num_devices",
+            "global_batch_size", "precision"]
+    return records[cols].astype(str).agg("|".join, axis=1).to_numpy()
+
+
+def device_class(name: str) -> str:
+    """Interval calibration group of a device name: ``cpu`` (this project's CPU devices are named
+    ``cpu-...``) or ``accelerator`` — CPU steps err differently from GPU steps."""
+    return "cpu" if str(name).lower().startswith("cpu") else "accelerator"
+
+
+def interval_group(records: Any):
+    """Mondrian calibration group (:func:`device_class`) of each record's device type."""
+    import numpy as np
+
+    return np.asarray([device_class(n) for n in records["device_type"]], dtype=object)
+
+
+__all__ = ["BREAKDOWN_COLUMNS", "Runs", "device_class", "interval_group", "learned_node_times_s", "load_runs",
+           "strategy_group"]

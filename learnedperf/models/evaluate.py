@@ -1,0 +1,190 @@
+"""Held-out evaluation of the iteration-time methods on measured runs.
+
+Each split of :data:`EVAL_SPLITS` is one rule over a record's columns. The rule marks the
+*test* side for **both** sources: the measured test runs are scored, and neither they nor
+the simulated runs the rule marks are trained on (so an "unseen scale" model has seen no
+run, simulated or measured, at the tested scale). The splits are the measured-data
+counterparts of :data:`learnedperf.data.splits.SPLITS`: the measured runs available
+(vTrain's 1,440 A100 runs of 2-8 GPUs, this project's CPU steps of 1-4 processes) have no
+H200 or interleaved schedule and nothing beyond 8 devices, so the thresholds differ.
+
+Operator regressors of ``+ops`` methods are trained without the held-out device's operator
+measurements in the ``unseen_device:*`` splits (:data:`OP_DEVICE_HOLDOUT`).
+
+Metrics per split and method (:func:`learnedperf.models.metrics.score`): MAPE, median and
+p90 APE, Kendall τ and top-1 regret over the strategies of each (model, cluster, batch),
+and the coverage of the 90 % interval.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Optional
+
+from ..errors import InputError
+from .dataset import Runs, strategy_group
+from .iteration import METHODS, IterationModel, needs_ops
+from .metrics import score
+
+MEASURED_SCALE_THRESHOLD = 4
+"""Devices above which a run is in the unseen-scale test side (the measured runs go up to 8)."""
+
+
+def _cpu(df: Any):
+    return df["device_type"].astype(str).str.lower().str.startswith("cpu")
+
+
+#: name → (rule in words, test mask over records)
+EVAL_SPLITS: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    "unseen_family": ("test = model family llama (GQA, SwiGLU, RMSNorm, RoPE)", lambda df: df["arch"] == "llama"),
+    "unseen_device:A100": ("test = A100 runs (and synthetic devices derived from the A100); A100 operator "
+                           "measurements left out of the operator regressor",
+                           lambda df: df["device_type"] == "A100-SXM4-80GB"),
+    "unseen_device:CPU": ("test = CPU runs; CPU operator measurements left out of the operator regressor",
+                          lambda df: _cpu(df)),
+    "unseen_strategy": ("test = tensor x pipeline parallel mixes (tp > 1 and pp > 1) and interleaved schedules",
+                        lambda df: ((df["tp"] > 1) & (df["pp"] > 1)) | ((df["pipeline_schedule"] == "interleaved")
+                                                                          & (df["pp"] > 1))),
+    "unseen_sharding": ("test = fully sharded states (ZeRO-3 or FSDP)", lambda df: df["effective_zero_stage"] == 3),
+    "unseen_scale": (f"test = more than {MEASURED_SCALE_THRESHOLD} devices: every test run has more devices than "
+                     "any training run, simulated or measured", lambda df: df["num_devices"] > MEASURED_SCALE_THRESHOLD),
+    "random": ("test = 10 % of configurations by hash of config_id",
+               lambda df: df["config_id"].map(lambda c: int(str(c)[:8], 16) % 100 < 10)),
+}
+
+#: split → predicate over an operator record's device name: those operator rows are left out
+OP_DEVICE_HOLDOUT: dict[str, Callable[[str], bool]] = {
+    "unseen_device:A100": lambda name: "a100" in name.lower(),
+    "unseen_device:CPU": lambda name: name.lower().startswith("cpu"),
+}
+
+
+def test_mask(records: Any, split: str):
+    """Boolean numpy mask of the test side of ``split`` over ``records``."""
+    if split not in EVAL_SPLITS:
+        raise InputError(f"unknown evaluation split {split!r}; known: {', '.join(EVAL_SPLITS)}")
+    return EVAL_SPLITS[split][1](records).to_numpy(dtype=bool)
+
+
+def evaluate(runs_for: Callable[[Optional[Any]], Runs], methods: tuple[str, ...] = METHODS,
+             splits: tuple[str, ...] = tuple(EVAL_SPLITS), gnn_params: Optional[dict] = None,
+             op_regressor_for: Optional[Callable[[Optional[Callable[[str], bool]]], Any]] = None,
+             seed: int = 0, log: Callable[[str], None] = lambda s: None) -> dict:
+    """Train every method on every split's training side and score it on the measured test runs.
+
+    Args:
+        runs_for: ``runs_for(op_regressor)`` returns the data set's :class:`Runs`, loaded with that
+            operator regressor (``None``: without learned operator costs). Called once per distinct
+            regressor.
+        methods: methods to compare (``+ops`` methods need ``op_regressor_for``).
+        splits: split names of :data:`EVAL_SPLITS`.
+        gnn_params: keyword arguments of the GNN.
+        op_regressor_for: ``op_regressor_for(exclude)`` fits an operator regressor on the operator
+            measurements whose device name ``exclude`` does not match (``exclude=None``: all).
+        seed: seed of the calibration hold-out and the GNNs.
+        log: progress messages.
+
+    Returns:
+        ``{"splits": {split: {"rule", "train": {"simulated", "measured"}, "test_measured",
+        "methods": {method: metrics + {"fit_s"}}}}, "predictions": [per-row dicts]}``.
+    """
+    if any(needs_ops(m) for m in methods) and op_regressor_for is None:
+        raise InputError("methods with learned operator costs need op_regressor_for")
+    cache: dict[Any, Runs] = {}
+
+    def runs_with(exclude_key: Optional[str]) -> Runs:
+        if exclude_key not in cache:
+            reg = op_regressor_for(OP_DEVICE_HOLDOUT.get(exclude_key)) if op_regressor_for is not None else None
+            cache[exclude_key] = runs_for(reg)
+        return cache[exclude_key]
+
+    report: dict[str, Any] = {"splits": {}, "predictions": []}
+    for split in splits:
+        key = split if split in OP_DEVICE_HOLDOUT else None
+        runs = runs_with(key if op_regressor_for is not None else None)
+        test = test_mask(runs.records, split)
+        measured = runs.measured
+        test_rows = test & measured
+        if not test_rows.any():
+            log(f"{split}: no measured test run; skipped")
+            report["splits"][split] = {"rule": EVAL_SPLITS[split][0], "skipped": "no measured test run"}
+            continue
+        if not (measured & ~test).any():
+            log(f"{split}: no measured training run; skipped")
+            report["splits"][split] = {"rule": EVAL_SPLITS[split][0], "skipped": "no measured training run"}
+            continue
+        train_runs, test_runs = runs.subset(~test), runs.subset(test_rows)
+        y = test_runs.records["iteration_time_ms"].to_numpy(dtype=float)
+        groups = strategy_group(test_runs.records)
+        entry: dict[str, Any] = {"rule": EVAL_SPLITS[split][0],
+                                 "train": {"simulated": int((~test & ~measured).sum()),
+                                           "measured": int((~test & measured).sum())},
+                                 "test_measured": int(test_rows.sum()), "methods": {}}
+        for method in methods:
+            t0 = time.perf_counter()
+            model = IterationModel(method, gnn_params=gnn_params, op_regressor=runs.op_regressor,
+                                   seed=seed).fit(train_runs)
+            p, lo, hi = model.predict(test_runs)
+            metrics = score(p, y, groups, lo, hi)
+            metrics["fit_s"] = round(time.perf_counter() - t0, 2)
+            entry["methods"][method] = metrics
+            log(f"{split:20s} {method:18s} MAPE {metrics['mape']:6.1f} %  tau {metrics['kendall_tau']:5.2f}  "
+                f"regret {metrics['top1_regret']:.3f}  coverage {metrics['coverage']:.2f}  ({metrics['fit_s']} s)")
+            for i in range(len(y)):
+                report["predictions"].append({"split": split, "method": method,
+                                              "run_id": test_runs.records["run_id"].iat[i],
+                                              "origin": test_runs.records["origin"].iat[i],
+                                              "measured_ms": float(y[i]), "predicted_ms": float(p[i]),
+                                              "lower_ms": float(lo[i]), "upper_ms": float(hi[i])})
+        report["splits"][split] = entry
+    report["methods"] = list(methods)
+    report["seed"] = seed
+    return report
+
+
+def merge_reports(reports: list[dict]) -> dict:
+    """One report from several over the same data and splits but different methods (e.g. methods
+    evaluated in parallel processes). Raises :class:`InputError` if a method appears twice or the
+    reports' test sets differ."""
+    if not reports:
+        raise InputError("no report to merge")
+    out = {k: v for k, v in reports[0].items() if k not in ("splits", "predictions", "methods")}
+    out["methods"], out["splits"], out["predictions"] = [], {}, []
+    for rep in reports:
+        dup = set(rep["methods"]) & set(out["methods"])
+        if dup:
+            raise InputError(f"method(s) {sorted(dup)} appear in more than one report")
+        out["methods"] += list(rep["methods"])
+        out["predictions"] += rep.get("predictions", [])
+        for split, entry in rep["splits"].items():
+            mine = out["splits"].setdefault(split, {k: v for k, v in entry.items() if k != "methods"})
+            if "methods" in entry:
+                if mine.get("test_measured") != entry.get("test_measured"):
+                    raise InputError(f"split {split!r}: the reports have different test sets")
+                mine.setdefault("methods", {}).update(entry["methods"])
+    order = [m for m in METHODS if m in out["methods"]]
+    out["methods"] = order
+    return out
+
+
+def format_table(report: dict, metric: str = "mape") -> str:
+    """A Markdown table: one row per split, one column per method, cells = ``metric``."""
+    methods = report["methods"]
+    fmt = {"mape": "{:.1f}", "kendall_tau": "{:.2f}", "top1_regret": "{:.3f}", "coverage": "{:.2f}"}.get(metric,
+                                                                                                        "{:.3g}")
+    lines = ["| split | measured test runs | " + " | ".join(methods) + " |",
+             "|---|---:|" + "---:|" * len(methods)]
+    for split, entry in report["splits"].items():
+        if "skipped" in entry:
+            lines.append(f"| {split} | 0 | " + " | ".join("—" for _ in methods) + " |")
+            continue
+        cells = []
+        for m in methods:
+            v = entry["methods"].get(m, {}).get(metric)
+            cells.append("—" if v is None or v != v else fmt.format(v))
+        lines.append(f"| {split} | {entry['test_measured']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+__all__ = ["EVAL_SPLITS", "MEASURED_SCALE_THRESHOLD", "OP_DEVICE_HOLDOUT", "evaluate", "format_table", "merge_reports",
+           "test_mask"]

@@ -1,0 +1,192 @@
+"""The iteration-time model: a simulator base, an optional GNN over the execution graph, a conformal interval.
+
+:class:`IterationModel` is one of the *methods* that learnedperf compares (and ships the
+best of):
+
+================== ===========================================================================
+``formula``         model FLOPs (×4/3 with full recompute) / (devices · peak) divided by an MFU
+                    fitted on the measured training runs — the throughput-times-peak baseline
+``simulator``       the discrete-event simulator on the fitted roofline cost model
+``simulator+ops``   the simulator on learned per-operator costs (LightGBM, :class:`LearnedOpCost`)
+``gnn_direct``      a GNN predicting log time from the graph alone (node costs from the roofline;
+                    it never sees the simulator's answer), pre-trained on simulated runs,
+                    fine-tuned on measured ones
+``gnn_residual``    the simulator × exp(GNN correction); simulated runs anchor the correction at
+                    zero, measured runs pull it
+``gnn_residual+ops`` the same over the simulator on learned operator costs, with the regressor's
+                    node times as node features
+================== ===========================================================================
+
+Every method gets a split-conformal 90 % interval calibrated on measured runs it did not
+train on: ``calibration_fraction`` of the measured training runs (whole strategy groups,
+chosen by hash) are held back from the GNN and used only for calibration.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+from ..errors import InputError
+from .dataset import Runs, interval_group, strategy_group
+from .intervals import ConformalInterval
+
+METHODS = ("formula", "simulator", "simulator+ops", "gnn_direct", "gnn_residual", "gnn_residual+ops")
+"""Methods in the order the evaluation reports them."""
+
+GNN_METHODS = {"gnn_direct": "direct", "gnn_residual": "residual", "gnn_residual+ops": "residual"}
+"""GNN methods → the GNN's mode."""
+
+
+def needs_ops(method: str) -> bool:
+    """Whether ``method`` runs on learned operator costs."""
+    return method.endswith("+ops")
+
+
+def ideal_time_ms(specs: list):
+    """Model FLOPs of the iteration (4/3 of them with full recompute: one more forward) over the
+    devices' peak FLOP/s, in ms: the throughput-times-peak time at 100 % utilisation."""
+    import numpy as np
+
+    from ..graph.transformer import model_flops_per_iteration
+
+    out = np.empty(len(specs))
+    for i, spec in enumerate(specs):
+        s = spec.strategy
+        factor = 4.0 / 3.0 if s.recompute == "full" else 1.0
+        dev = spec.hardware.device
+        peak = dev.peak_tflops.get(s.precision) or dev.peak_tflops.fp32
+        out[i] = factor * model_flops_per_iteration(spec) / (spec.hardware.num_devices * peak * 1e12) * 1e3
+    return out
+
+
+def calibration_mask(records: Any, fraction: float, seed: int = 0):
+    """Measured rows held back for calibration: whole strategy groups, by a seeded hash of the group."""
+    import hashlib
+
+    import numpy as np
+
+    groups = strategy_group(records)
+    measured = (records["source"] == "measured").to_numpy()
+    pick = np.asarray([int(hashlib.sha256(f"{seed}:{g}".encode()).hexdigest()[:8], 16) % 1000 < fraction * 1000
+                       for g in groups])
+    return measured & pick
+
+
+class IterationModel:
+    """Iteration-time model of one method (scikit-learn style: ``fit`` returns self, state ends in ``_``).
+
+    Args:
+        method: one of :data:`METHODS`.
+        gnn_params: keyword arguments of :class:`~learnedperf.models.gnn.GNNRegressor` (GNN methods).
+        op_regressor: a fitted :class:`~learnedperf.models.gbdt.OpTimeRegressor` (``+ops`` methods); the
+            runs given to ``fit``/``predict`` must have been loaded with it (``Runs.sim_ops``).
+        calibration_fraction: share of the measured training runs held back for the interval.
+        coverage: interval coverage target.
+        seed: seed of the calibration hold-out and of the GNN.
+    """
+
+    def __init__(self, method: str, gnn_params: Optional[dict] = None, op_regressor: Any = None,
+                 calibration_fraction: float = 0.2, coverage: float = 0.9, seed: int = 0):
+        if method not in METHODS:
+            raise InputError(f"unknown method {method!r}; known: {', '.join(METHODS)}")
+        if needs_ops(method) and op_regressor is None:
+            raise InputError(f"method {method!r} needs a fitted operator regressor")
+        self.method = method
+        self.gnn_params = dict(gnn_params or {})
+        self.op_regressor = op_regressor
+        self.calibration_fraction = calibration_fraction
+        self.coverage = coverage
+        self.seed = seed
+
+    # ------------------------------------------------------------------ inputs
+    def _base_ms(self, runs: Runs):
+        if needs_ops(self.method):
+            if runs.sim_ops is None:
+                raise InputError(f"method {self.method!r}: the runs were loaded without an operator regressor")
+            return runs.sim_ops[0]
+        return runs.sim_ms
+
+    def samples(self, runs: Runs, anchor_simulated: bool = False) -> list:
+        """GNN inputs of ``runs``. With ``anchor_simulated``, a simulated row's base is its own target
+        (the residual it teaches is zero: the simulator is exact on its own runs)."""
+        from .gnn import make_sample
+
+        base = self._base_ms(runs)
+        out = []
+        for i in range(len(runs)):
+            if needs_ops(self.method):
+                bd, nodes = runs.sim_ops[1][i], runs.sim_ops[2][i]
+            else:
+                bd, nodes = runs.breakdown_ms[i], None
+            b = float(base[i])
+            if anchor_simulated and runs.records["source"].iat[i] == "simulated":
+                b = float(runs.records["iteration_time_ms"].iat[i])
+            out.append(make_sample(runs.graphs[i], runs.specs[i], b, bd, learned_time_s=nodes))
+        return out
+
+    # ------------------------------------------------------------------ fit / predict
+    def fit(self, runs: Runs) -> "IterationModel":
+        """Fit on ``runs`` (simulated and measured): the point model, then the interval on held-back runs."""
+        import numpy as np
+
+        y = runs.records["iteration_time_ms"].to_numpy(dtype=float)
+        measured = runs.measured
+        if self.method in ("simulator", "simulator+ops"):
+            # nothing here trains on runs: every measured run can calibrate the interval
+            calib = measured.copy()
+            train = np.ones(len(runs), dtype=bool)
+        else:
+            calib = calibration_mask(runs.records, self.calibration_fraction, self.seed) if measured.any() else \
+                np.zeros(len(runs), dtype=bool)
+            train = ~calib
+        if self.method == "formula":
+            fit_rows = measured & train
+            if not fit_rows.any():
+                raise InputError("method 'formula' needs measured training runs to fit its MFU")
+            ratio = ideal_time_ms(runs.specs)[fit_rows] / y[fit_rows]
+            self.mfu_ = float(math.exp(np.mean(np.log(ratio))))  # geometric mean: a fit of log time
+        elif self.method in GNN_METHODS:
+            from .gnn import GNNRegressor
+
+            params = {"seed": self.seed, **self.gnn_params, "mode": GNN_METHODS[self.method]}
+            sub = runs.subset(train)
+            samples = self.samples(sub, anchor_simulated=True)
+            self.gnn_ = GNNRegressor(**params).fit(samples, sub.records["iteration_time_ms"].to_numpy(dtype=float),
+                                                   source=sub.records["source"].to_numpy())
+        self.n_train_ = int(train.sum())
+        self.n_train_measured_ = int((train & measured).sum())
+        self.interval_ = ConformalInterval(self.coverage)
+        if calib.any():
+            sub = runs.subset(calib)
+            self.interval_.fit(self.predict_point(sub), sub.records["iteration_time_ms"].to_numpy(dtype=float),
+                               interval_group(sub.records))
+        else:
+            raise InputError("no measured training runs to calibrate the interval on")
+        return self
+
+    def predict_point(self, runs: Runs):
+        """Point predictions (ms) of ``runs``."""
+        import numpy as np
+
+        if self.method == "formula":
+            self._check("mfu_")
+            return ideal_time_ms(runs.specs) / self.mfu_
+        if self.method in GNN_METHODS:
+            self._check("gnn_")
+            return np.asarray(self.gnn_.predict(self.samples(runs)), dtype=float)
+        return np.asarray(self._base_ms(runs), dtype=float)
+
+    def predict(self, runs: Runs):
+        """``(point_ms, lower_ms, upper_ms)`` numpy arrays for ``runs``."""
+        self._check("interval_")
+        p = self.predict_point(runs)
+        lo, hi = self.interval_.interval(p, interval_group(runs.records))
+        return p, lo, hi
+
+    def _check(self, attr: str) -> None:
+        if not hasattr(self, attr):
+            raise InputError(f"IterationModel({self.method!r}) is not fitted")
+
+
+__all__ = ["GNN_METHODS", "IterationModel", "METHODS", "calibration_mask", "ideal_time_ms", "needs_ops"]

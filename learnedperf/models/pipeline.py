@@ -1,0 +1,132 @@
+"""Training and evaluation pipelines behind ``learnedperf train`` and ``learnedperf evaluate``.
+
+* :func:`fit_op_regressor` — the per-operator LightGBM regressor on every operator
+  measurement available (this project's ``datasets/measured`` and NeuSight's), locally
+  or through ``lightgbm.dask`` on a Dask cluster.
+* :func:`run_evaluation` — every method on every held-out split of a data set
+  (:mod:`learnedperf.models.evaluate`).
+* :func:`fit_model` — one method on a whole data set (what a checkpoint ships), with a
+  description of its training data for the checkpoint manifest.
+* :func:`choose_method` — the method an evaluation report favours.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from ..errors import InputError
+from .iteration import METHODS, IterationModel, needs_ops
+
+#: Splits whose MAPE decides :func:`choose_method` (the generalisation the project is judged on).
+CHOICE_SPLITS = ("unseen_device:A100", "unseen_device:CPU", "unseen_scale", "unseen_family", "unseen_strategy")
+
+
+def fit_op_regressor(exclude: Optional[Callable[[str], bool]] = None, client: Any = None,
+                     rows_per_device: Optional[int] = 30000, seed: int = 0, **params: Any):
+    """An :class:`~learnedperf.models.gbdt.OpTimeRegressor` fitted on the operator measurements
+    (``load_op_training_data``) whose device name ``exclude`` does not match.
+
+    Args:
+        exclude: predicate over device names whose rows are left out (None: keep all).
+        client: a ``dask.distributed.Client`` to train through ``lightgbm.dask``.
+        rows_per_device: deterministic subsample per device (None: all rows).
+        seed: subsample and LightGBM seed.
+        **params: LightGBM parameters.
+    """
+    from .gbdt import OpTimeRegressor, load_op_training_data
+
+    df = load_op_training_data(rows_per_device=rows_per_device, seed=seed)
+    col = "device_name" if "device_name" in df.columns else "device"
+    if exclude is not None:
+        names = df[col].astype(str)
+        drop = names.map(lambda n: bool(exclude(n)))
+        df = df[~drop.to_numpy()]
+    if len(df) == 0:
+        raise InputError("no operator measurement left to train the operator regressor on")
+    return OpTimeRegressor(random_state=seed, **params).fit_records(df, client=client)
+
+
+def _loader(data_dir: str | Path, progress: bool, limit_simulated: Optional[int], node_times: bool = True):
+    from .dataset import load_runs
+
+    def runs_for(op_regressor: Any):
+        return load_runs(data_dir, op_regressor=op_regressor, limit_simulated=limit_simulated, progress=progress,
+                         node_times=node_times)
+
+    return runs_for
+
+
+def run_evaluation(data_dir: str | Path, methods: tuple[str, ...] = METHODS, splits: Optional[tuple[str, ...]] = None,
+                   gnn_params: Optional[dict] = None, client: Any = None, limit_simulated: Optional[int] = None,
+                   seed: int = 0, progress: bool = False, log: Callable[[str], None] = lambda s: None) -> dict:
+    """Evaluate ``methods`` on the held-out splits of the data set ``data_dir`` (see :func:`evaluate`)."""
+    from .evaluate import EVAL_SPLITS, evaluate
+
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise InputError(f"unknown method(s) {unknown}; known: {', '.join(METHODS)}")
+    op_for = None
+    if any(needs_ops(m) for m in methods):
+        def op_for(exclude: Optional[Callable[[str], bool]]):
+            return fit_op_regressor(exclude, client=client, seed=seed)
+    # learned node times feed only gnn_residual+ops, and cost minutes on thousands of large graphs
+    loader = _loader(data_dir, progress, limit_simulated, node_times="gnn_residual+ops" in methods)
+    report = evaluate(loader, methods=methods,
+                      splits=tuple(splits or EVAL_SPLITS), gnn_params=gnn_params, op_regressor_for=op_for, seed=seed,
+                      log=log)
+    report["data"] = data_description(data_dir)
+    report["gnn_params"] = dict(gnn_params or {})
+    return report
+
+
+def choose_method(report: dict, splits: tuple[str, ...] = CHOICE_SPLITS) -> tuple[str, dict]:
+    """The method with the lowest mean MAPE over ``splits`` of an evaluation report, and every
+    method's mean (NaN-free splits only)."""
+    import math
+
+    means: dict[str, float] = {}
+    for method in report.get("methods", []):
+        vals = [report["splits"][s]["methods"][method]["mape"] for s in splits
+                if s in report.get("splits", {}) and "methods" in report["splits"][s]
+                and method in report["splits"][s]["methods"]]
+        vals = [v for v in vals if v == v]
+        if vals:
+            means[method] = sum(vals) / len(vals)
+    if not means:
+        raise InputError(f"the evaluation report scores no method on the splits {list(splits)}")
+    best = min(means, key=lambda m: (means[m], m))
+    return best, {m: round(v, 3) for m, v in means.items() if not math.isnan(v)}
+
+
+def data_description(data_dir: str | Path) -> dict:
+    """What a data set is, for a checkpoint manifest: its manifest's sha256, counts and generation config."""
+    from ..data.store import MANIFEST
+    from ..measure.records import sha256_file
+
+    data_dir = Path(data_dir)
+    manifest = json.loads((data_dir / MANIFEST).read_text(encoding="utf-8"))
+    return {"dataset_manifest_sha256": sha256_file(data_dir / MANIFEST), "counts": manifest.get("counts"),
+            "config": {k: manifest.get("config", {}).get(k) for k in ("n", "seed", "keep_oom", "measured")},
+            "simulator_version": manifest.get("simulator_version"),
+            "cost_model_version": manifest.get("cost_model_version")}
+
+
+def fit_model(data_dir: str | Path, method: str, gnn_params: Optional[dict] = None, client: Any = None,
+              limit_simulated: Optional[int] = None, seed: int = 0, progress: bool = False
+              ) -> tuple[IterationModel, dict]:
+    """Fit ``method`` on every usable run of ``data_dir``; return the model and its training-data description."""
+    op_reg = fit_op_regressor(None, client=client, seed=seed) if needs_ops(method) else None
+    runs = _loader(data_dir, progress, limit_simulated)(op_reg)
+    model = IterationModel(method, gnn_params=gnn_params, op_regressor=op_reg, seed=seed).fit(runs)
+    desc = data_description(data_dir)
+    rec = runs.records
+    desc["used"] = {"runs": len(runs), "by_origin": {str(k): int(v) for k, v in rec["origin"].value_counts().items()},
+                    "dropped": dict(runs.dropped), "calibration_runs": model.interval_.n_calibration_}
+    if op_reg is not None:
+        desc["op_regressor"] = {"trained_with": getattr(op_reg, "trained_with_", "local")}
+    return model, desc
+
+
+__all__ = ["CHOICE_SPLITS", "choose_method", "data_description", "fit_model", "fit_op_regressor", "run_evaluation"]

@@ -1,0 +1,69 @@
+"""The shipped checkpoint (checkpoints/default): it verifies, describes itself, and predicts measured runs."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from learnedperf.checkpoint import default_checkpoint_dir, load_checkpoint
+from learnedperf.models.iteration import METHODS
+from learnedperf.predict import Predictor
+
+
+@pytest.fixture(scope="module")
+def predictor() -> Predictor:
+    return Predictor.load()
+
+
+def test_manifest_describes_the_checkpoint():
+    ck = load_checkpoint()
+    m = ck.manifest
+    assert ck.path == default_checkpoint_dir()
+    assert m["method"] in METHODS
+    assert m["versions"]["learnedperf"] and m["versions"]["lightgbm"] and m["versions"]["torch"]
+    assert m["feature_schema"]["op"]["version"] == 1 and m["feature_schema"]["graph"]
+    assert m["training_data"]["dataset_manifest_sha256"]
+    assert m["training_data"]["used"]["by_origin"]["vtrain"] > 1000
+    assert "tables" in m["metrics"] and "| unseen_scale |" in m["metrics"]["tables"]["mape"]
+    assert all(len(info["sha256"]) == 64 for info in m["files"].values())
+    assert not [p for p in ck.path.rglob("*") if p.suffix in (".pt", ".pkl", ".pickle")]
+
+
+def test_predicts_measured_vtrain_runs(predictor):
+    """Measured Megatron runs on A100s (vTrain): the checkpoint's error stays near its reported MAPE."""
+    from learnedperf.measure.public import vtrain_step_records
+
+    try:
+        steps = vtrain_step_records()
+    except Exception as exc:  # noqa: BLE001 - the reference data lives outside the repository
+        pytest.skip(f"vTrain data not available: {exc}")
+    rng = np.random.default_rng(0)
+    pick = rng.choice(len(steps), 40, replace=False)
+    errors, inside = [], 0
+    for i in pick:
+        step = steps[int(i)]
+        pred = predictor.predict(json.loads(step["run"]))
+        t = step["iteration_time_ms"]
+        errors.append(abs(pred["iteration_time_ms"] / t - 1))
+        lo, hi = pred["interval_ms"]
+        inside += lo <= t <= hi
+        assert lo <= pred["iteration_time_ms"] <= hi
+    assert np.mean(errors) < 0.15
+    assert inside / len(pick) >= 0.7
+
+
+def test_prediction_object(predictor):
+    run = {"model": "gpt3-175b", "hardware": {"cluster": "dgx-a100", "num_devices": 1024},
+           "strategy": {"tp": 8, "pp": 8, "micro_batch_size": 1, "global_batch_size": 1536, "recompute": "full"}}
+    pred = predictor.predict(run)
+    for key in ("iteration_time_ms", "tokens_per_second", "tflops_per_device", "mfu", "peak_memory_GiB",
+                "fits_in_memory", "breakdown_ms", "interval_ms", "source", "simulator_iteration_time_ms"):
+        assert key in pred
+    assert pred["source"].startswith("checkpoint:default:")
+    t = pred["iteration_time_ms"]
+    # throughput follows from the corrected time: global batch x sequence / time
+    assert pred["tokens_per_second"] == pytest.approx(1536 * 2048 / (t / 1e3), rel=1e-9)
+    assert sum(v for k, v in pred["breakdown_ms"].items() if k in ("compute", "exposed_communication",
+                                                                    "pipeline_bubble", "optimizer")) > 0

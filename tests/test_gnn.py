@@ -1,0 +1,349 @@
+"""Graph features and the GNN iteration-time regressor.
+
+The graphs are real: small inline GPT runs compiled and costed (``graph_of``) and simulated, so the
+features come from the same code path as the generated data set. Targets are synthetic with a known
+answer (a fixed correction of the simulator, the total node time), which the tiny models must learn.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from learnedperf.cost import RooflineCost
+from learnedperf.data.graphs import EDGE_TYPES, graph_of
+from learnedperf.data.records import RECORD_COLUMNS
+from learnedperf.errors import InputError
+from learnedperf.features import (EDGE_FEATURE_SCHEMA, GLOBAL_FEATURE_SCHEMA, GRAPH_FEATURE_SCHEMA_VERSION,
+                                  NODE_FEATURE_SCHEMA, SIMULATOR_GLOBAL_FEATURES, edge_feature_matrix,
+                                  global_feature_vector, global_features_from_record, graph_feature_schema_dict,
+                                  node_feature_matrix)
+from learnedperf.features.graph import BREAKDOWN_PARTS
+from learnedperf.graph.execution import compile_run
+from learnedperf.graph.transformer import model_flops_per_iteration
+from learnedperf.simulate import simulate
+
+sys.path.insert(0, str(Path(__file__).parent))
+from conftest import GPT_SMALL, hardware, make_run  # noqa: E402
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torch_geometric")
+from learnedperf.models.gnn import GNNRegressor, GraphSample, IterationGNN, NodeBudgetBatches, make_sample  # noqa: E402
+
+TINY = dict(hidden=16, num_layers=2, batch_size=12, lse_channels=2)
+
+#: (devices, strategy) of the test runs: a spread of tp / pp / dp / recompute / ZeRO on 8-16 devices.
+STRATEGIES = [
+    (8, dict(tp=1, pp=1, global_batch_size=16)),
+    (8, dict(tp=1, pp=2, global_batch_size=16)),
+    (8, dict(tp=1, pp=1, zero_stage=3, global_batch_size=32)),
+    (8, dict(tp=1, pp=4, micro_batch_size=2, global_batch_size=32)),
+    (8, dict(tp=1, pp=1, recompute="full", global_batch_size=8)),
+    (16, dict(tp=1, pp=2, zero_stage=1, global_batch_size=64)),
+    (8, dict(tp=2, pp=1, global_batch_size=16)),
+    (8, dict(tp=2, pp=2, global_batch_size=16)),
+    (8, dict(tp=4, pp=1, sequence_parallel=True, global_batch_size=8)),
+    (16, dict(tp=2, pp=2, recompute="selective", global_batch_size=32)),
+    (16, dict(tp=4, pp=2, pipeline_schedule="interleaved", virtual_pipeline_stages=2, global_batch_size=16)),
+    (8, dict(tp=2, pp=1, precision="fp16", micro_batch_size=2, global_batch_size=16)),
+]
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """(spec, graph, prediction) of every test run."""
+    out = []
+    for n, strat in STRATEGIES:
+        spec = make_run(GPT_SMALL, n, **strat)
+        graph = graph_of(compile_run(spec), RooflineCost(spec.hardware))
+        out.append((spec, graph, simulate(spec).to_prediction()))
+    return out
+
+
+@pytest.fixture(scope="module")
+def samples(runs):
+    """One simulated GraphSample per run (target: the simulator's time)."""
+    return [make_sample(g, spec, p["iteration_time_ms"], p["breakdown_ms"], y_ms=p["iteration_time_ms"])
+            for spec, g, p in runs]
+
+
+def _total_node_time_ms(graph) -> float:
+    t = np.nan_to_num(graph["time_s"]) * graph["repeat"] * graph["per_iteration"]
+    return float(t.sum()) * 1e3
+
+
+# =================================================================== features
+def test_schemas_are_named_versioned_and_described():
+    d = graph_feature_schema_dict()
+    assert d["version"] == GRAPH_FEATURE_SCHEMA_VERSION
+    for schema in (NODE_FEATURE_SCHEMA, EDGE_FEATURE_SCHEMA, GLOBAL_FEATURE_SCHEMA):
+        assert len(set(schema.names)) == len(schema.names)
+        assert all(desc for _, desc in schema.features)
+        assert schema.version == GRAPH_FEATURE_SCHEMA_VERSION
+    assert set(SIMULATOR_GLOBAL_FEATURES) <= set(GLOBAL_FEATURE_SCHEMA.names)
+    assert json.loads(json.dumps(d)) == d
+    # every breakdown part is a record column, so records and live simulations give the same vector
+    assert all(f"{p}_ms" in RECORD_COLUMNS for p in BREAKDOWN_PARTS)
+
+
+def test_node_and_edge_matrices_have_schema_widths_and_are_finite(runs):
+    for _spec, g, _p in runs:
+        x = node_feature_matrix(g)
+        e = edge_feature_matrix(g)
+        assert x.dtype == np.float32 and x.shape == (g["num_nodes"], len(NODE_FEATURE_SCHEMA.features))
+        assert e.shape == (g["edge_index"].shape[1], len(EDGE_TYPES)) and np.isfinite(x).all()
+        # edge one-hots: exactly one 1 per row, at the edge type's code
+        assert np.array_equal(e.sum(1), np.ones(len(e))) and np.array_equal(e.argmax(1), g["edge_type"])
+        # node one-hots sum to 1 per row; the time shares sum to 1
+        kinds = [NODE_FEATURE_SCHEMA.index(n) for n in NODE_FEATURE_SCHEMA.names if n.startswith("kind=")]
+        assert np.allclose(x[:, kinds].sum(1), 1.0)
+        share = np.exp(x[:, NODE_FEATURE_SCHEMA.index("log_time_share")].astype(np.float64))
+        assert math.isclose(share.sum(), 1.0, rel_tol=1e-3)
+        # without learned times the learned column repeats the cost model's
+        lt, lc = NODE_FEATURE_SCHEMA.index("log_time_s"), NODE_FEATURE_SCHEMA.index("log_learned_time_s")
+        assert np.array_equal(x[:, lt], x[:, lc])
+
+
+def test_learned_times_and_unknown_times(runs):
+    g = dict(runs[1][1])
+    n = g["num_nodes"]
+    learned = np.full(n, 2e-3)
+    learned[0] = np.nan  # no learned time for node 0: the cost model's is used
+    x = node_feature_matrix(g, learned)
+    lc, lt = NODE_FEATURE_SCHEMA.index("log_learned_time_s"), NODE_FEATURE_SCHEMA.index("log_time_s")
+    assert np.allclose(x[1:, lc], math.log(2e-3)) and x[0, lc] == x[0, lt]
+    g["time_s"] = g["time_s"].copy()
+    g["time_s"][:3] = np.nan
+    x = node_feature_matrix(g)
+    unk = NODE_FEATURE_SCHEMA.index("time_unknown")
+    assert np.isfinite(x).all() and x.shape[1] == len(NODE_FEATURE_SCHEMA.features)
+    assert list(x[:4, unk]) == [1, 1, 1, 0] and list(x[:3, lt]) == [0, 0, 0]
+    with pytest.raises(InputError, match="learned_time_s"):
+        node_feature_matrix(g, np.ones(n + 1))
+
+
+def test_malformed_graphs_raise_input_error(runs):
+    g = runs[0][1]
+    with pytest.raises(InputError, match="missing array 'flops'"):
+        node_feature_matrix({k: v for k, v in g.items() if k != "flops"})
+    with pytest.raises(InputError, match="'repeat' has shape"):
+        node_feature_matrix({**g, "repeat": g["repeat"][:-1]})
+    with pytest.raises(InputError, match="'kind' codes"):
+        node_feature_matrix({**g, "kind": np.full_like(g["kind"], 99)})
+    with pytest.raises(InputError, match="'time_s'"):
+        node_feature_matrix({**g, "time_s": -g["time_s"]})
+    with pytest.raises(InputError, match="edge_index"):
+        edge_feature_matrix({**g, "edge_index": g["edge_index"] + g["num_nodes"]})
+    with pytest.raises(InputError, match="edge_type"):
+        edge_feature_matrix({**g, "edge_type": g["edge_type"][:-1]})
+    with pytest.raises(InputError, match="expected the dict"):
+        node_feature_matrix([1, 2, 3])
+
+
+def test_global_features_match_closed_forms(runs):
+    spec, _g, p = runs[9]  # 16 devices, tp=2, pp=2, dp=4, selective recompute
+    u = global_feature_vector(spec, p["iteration_time_ms"], p["breakdown_ms"])
+    idx = GLOBAL_FEATURE_SCHEMA.index
+    assert u.shape == (len(GLOBAL_FEATURE_SCHEMA.features),) and np.isfinite(u).all()
+    assert math.isclose(u[idx("log_num_devices")], math.log(16), rel_tol=1e-6)
+    assert math.isclose(u[idx("log_tp")], math.log(2), rel_tol=1e-6)
+    assert math.isclose(u[idx("log_dp")], math.log(4), rel_tol=1e-6)
+    assert math.isclose(u[idx("log_num_nodes")], math.log(2), rel_tol=1e-6)
+    assert u[idx("recompute=selective")] == 1 and u[idx("recompute=none")] == 0
+    assert math.isclose(u[idx("log_num_microbatches")], math.log(spec.num_microbatches), rel_tol=1e-6)
+    ideal_s = model_flops_per_iteration(spec) / (16 * 312e12)  # bf16 peak of the A100-like device
+    assert math.isclose(u[idx("log_ideal_time_s")], math.log(ideal_s), rel_tol=1e-5)
+    assert math.isclose(u[idx("log_sim_time_ms")], math.log(p["iteration_time_ms"]), rel_tol=1e-6)
+    assert math.isclose(u[idx("frac_compute")], p["breakdown_ms"]["compute"] / p["iteration_time_ms"],
+                        rel_tol=1e-5)
+    # FSDP counts as ZeRO-3
+    fsdp = make_run(GPT_SMALL, 8, fsdp=True)
+    u = global_feature_vector(fsdp, 10.0, {k: 1.0 for k in BREAKDOWN_PARTS})
+    assert u[idx("zero_stage=3")] == 1 and u[idx("zero_stage=0")] == 0
+    with pytest.raises(InputError, match="pipeline_bubble"):
+        global_feature_vector(fsdp, 10.0, {k: 1.0 for k in BREAKDOWN_PARTS if k != "pipeline_bubble"})
+    with pytest.raises(InputError, match="sim_time_ms"):
+        global_feature_vector(fsdp, float("nan"), {k: 1.0 for k in BREAKDOWN_PARTS})
+
+
+def test_global_features_from_record(runs):
+    spec, _g, p = runs[3]
+    run = {"model": GPT_SMALL, "hardware": hardware(8), "strategy": dict(STRATEGIES[3][1])}
+    row = {"run_id": "r1", "run": json.dumps(run), "sim_iteration_time_ms": p["iteration_time_ms"],
+           **{f"{k}_ms": p["breakdown_ms"][k] for k in BREAKDOWN_PARTS}}
+    assert np.array_equal(global_features_from_record(row),
+                          global_feature_vector(spec, p["iteration_time_ms"], p["breakdown_ms"]))
+    measured = {**row, "forward_ms": None}  # measured records carry no breakdown
+    with pytest.raises(InputError, match="'forward_ms' is null"):
+        global_features_from_record(measured)
+    with pytest.raises(InputError, match="'recompute_ms' is null"):
+        global_features_from_record({**row, "recompute_ms": float("nan")})
+    with pytest.raises(InputError, match="missing column 'sim_iteration_time_ms'"):
+        global_features_from_record({k: v for k, v in row.items() if k != "sim_iteration_time_ms"})
+    with pytest.raises(InputError, match="'run'"):
+        global_features_from_record({**row, "run": "{not json"})
+
+
+# =================================================================== the network
+def test_iteration_gnn_shapes_and_batching(samples):
+    from torch_geometric.data import Batch, Data
+
+    net = IterationGNN(len(NODE_FEATURE_SCHEMA.features), len(EDGE_FEATURE_SCHEMA.features),
+                       len(GLOBAL_FEATURE_SCHEMA.features), hidden=8, num_layers=1)
+    data = [Data(x=torch.from_numpy(s.node_x), edge_index=torch.from_numpy(s.edge_index),
+                 edge_attr=torch.from_numpy(s.edge_attr), u=torch.from_numpy(s.global_x)[None]) for s in samples[:3]]
+    b = Batch.from_data_list(data)
+    assert net(b.x, b.edge_index, b.edge_attr, b.batch, b.u).shape == (3,)
+    # batches by node budget: no batch over budget unless a single graph is
+    nb = NodeBudgetBatches([50, 60, 3000, 40, 70], batch_size=4, max_nodes=120, shuffle=True, seed=1)
+    batches = list(nb)
+    assert sorted(i for b in batches for i in b) == [0, 1, 2, 3, 4]
+    assert all(len(b) == 1 or sum([50, 60, 3000, 40, 70][i] for i in b) <= 120 for b in batches)
+
+
+def test_sample_validation(samples):
+    s = samples[0]
+    with pytest.raises(InputError, match="node_x"):
+        GraphSample(s.node_x[:, :-1], s.edge_index, s.edge_attr, s.global_x, s.sim_ms)
+    with pytest.raises(InputError, match="source"):
+        GraphSample(s.node_x, s.edge_index, s.edge_attr, s.global_x, s.sim_ms, source="guessed")
+    with pytest.raises(InputError, match="mode"):
+        GNNRegressor(mode="both")
+    with pytest.raises(InputError, match="not fitted"):
+        GNNRegressor().predict(samples)
+
+
+def test_residual_mode_learns_a_known_correction(samples):
+    # the simulator is 30 % optimistic on tp=1 runs and 10 % pessimistic on tensor-parallel ones
+    factor = np.array([1.3 if spec[1]["tp"] == 1 else 0.9 for spec in STRATEGIES])
+    sim = np.array([s.sim_ms for s in samples])
+    m = GNNRegressor(mode="residual", pretrain_epochs=100, finetune_epochs=0, lr=1e-2, **TINY).fit(samples,
+                                                                                                   sim * factor)
+    ratio = m.predict(samples) / sim
+    assert np.all(np.abs(ratio / factor - 1) < 0.05), ratio
+    # deterministic given the seed
+    again = GNNRegressor(mode="residual", pretrain_epochs=100, finetune_epochs=0, lr=1e-2, **TINY).fit(samples,
+                                                                                                       sim * factor)
+    assert np.array_equal(again.predict(samples), m.predict(samples))
+    assert m.get_params()["mode"] == "residual" and m.history_["pretrain"][-1] < m.history_["pretrain"][0]
+
+
+def test_direct_mode_learns_from_node_times_and_ignores_the_simulator(samples, runs):
+    # a target the simulator's columns do not give: 2 × the summed cost-model time of the nodes
+    y = np.array([2.0 * _total_node_time_ms(g) for _s, g, _p in runs])
+    m = GNNRegressor(mode="direct", pretrain_epochs=100, finetune_epochs=0, lr=1e-2, **TINY).fit(samples, y)
+    err = np.abs(m.predict_log(samples) - np.log(y))
+    const = np.abs(np.log(y) - np.log(y).mean())
+    assert err.mean() < 0.25 * const.mean(), (err.mean(), const.mean())
+    # the simulator's inputs do not reach the network: changing them changes nothing
+    col = [GLOBAL_FEATURE_SCHEMA.index(n) for n in SIMULATOR_GLOBAL_FEATURES]
+    fake = []
+    for s in samples:
+        gx = s.global_x.copy()
+        gx[col] = 123.0
+        fake.append(GraphSample(s.node_x, s.edge_index, s.edge_attr, gx, float("nan")))
+    assert np.array_equal(m.predict(fake), m.predict(samples))
+
+
+def test_finetuning_moves_predictions_towards_measurements(samples):
+    # simulated copies say sim, measured copies of the same runs say 2 × sim
+    sim = np.array([s.sim_ms for s in samples])
+    both = samples + samples
+    y = np.concatenate([sim, 2.0 * sim])
+    source = ["simulated"] * len(samples) + ["measured"] * len(samples)
+    kw = dict(mode="residual", pretrain_epochs=60, lr=1e-2, simulated_weight=1.0, **TINY)
+    pre = GNNRegressor(finetune_epochs=0, **kw).fit(both, y, source=source)
+    ft = GNNRegressor(finetune_epochs=60, finetune_lr=1e-2, **kw).fit(both, y, source=source)
+    r_pre = np.exp(np.mean(np.log(pre.predict(samples) / sim)))
+    r_ft = np.exp(np.mean(np.log(ft.predict(samples) / sim)))
+    assert 1.2 < r_pre < 1.65  # equal weights: between the two sources (√2 in log terms)
+    assert abs(math.log(r_ft / 2.0)) < 0.1 and r_ft > r_pre
+    assert ft.history_["finetune"] and not pre.history_["finetune"] and ft.n_measured_ == len(samples)
+
+
+# =================================================================== checkpoints
+@pytest.fixture(scope="module")
+def fitted(samples):
+    sim = np.array([s.sim_ms for s in samples])
+    return GNNRegressor(mode="residual", pretrain_epochs=5, finetune_epochs=0, **TINY).fit(samples, sim * 1.1)
+
+
+def test_save_load_round_trip_without_pickles(fitted, samples, tmp_path):
+    files = fitted.save(tmp_path)
+    assert sorted(p.name for p in files) == ["gnn.json", "gnn.safetensors"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gnn.json", "gnn.safetensors"]
+    for p in files:
+        assert not p.read_bytes().startswith(b"\x80"), f"{p} looks like a pickle"
+    meta = json.loads((tmp_path / "gnn.json").read_text())
+    assert meta["feature_schema"]["version"] == GRAPH_FEATURE_SCHEMA_VERSION and meta["mode"] == "residual"
+    assert len(meta["normalisation"]["node_mean"]) == len(NODE_FEATURE_SCHEMA.features)
+    loaded = GNNRegressor.load(tmp_path)
+    assert loaded.get_params() == fitted.get_params()
+    assert np.array_equal(loaded.predict(samples), fitted.predict(samples))
+
+
+def _saved(fitted, path: Path) -> Path:
+    fitted.save(path)
+    return path
+
+
+def test_tampered_weights_are_refused(fitted, tmp_path):
+    d = _saved(fitted, tmp_path)
+    w = d / "gnn.safetensors"
+    data = bytearray(w.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    w.write_bytes(bytes(data))
+    with pytest.raises(InputError, match="sha256"):
+        GNNRegressor.load(d)
+
+
+def test_truncated_weights_are_refused(fitted, tmp_path):
+    d = _saved(fitted, tmp_path)
+    w = d / "gnn.safetensors"
+    w.write_bytes(w.read_bytes()[:1000])
+    with pytest.raises(InputError, match="truncated"):
+        GNNRegressor.load(d)
+
+
+def test_incompatible_or_broken_sidecar_is_refused(fitted, tmp_path):
+    d = _saved(fitted, tmp_path)
+    meta_path = d / "gnn.json"
+    good = json.loads(meta_path.read_text())
+    meta_path.write_text(json.dumps({**good, "feature_schema": {**good["feature_schema"], "version": 99}}))
+    with pytest.raises(InputError, match="schema version 99"):
+        GNNRegressor.load(d)
+    names = good["feature_schema"]["node"]["names"]
+    fs = {**good["feature_schema"], "node": {**good["feature_schema"]["node"], "names": names[::-1]}}
+    meta_path.write_text(json.dumps({**good, "feature_schema": fs}))
+    with pytest.raises(InputError, match="node feature names"):
+        GNNRegressor.load(d)
+    meta_path.write_text(json.dumps({**good, "params": {**good["params"], "hidden": 32}}))
+    with pytest.raises(InputError, match="do not fit"):
+        GNNRegressor.load(d)
+    meta_path.write_text("{broken")
+    with pytest.raises(InputError, match="gnn.json: invalid JSON"):
+        GNNRegressor.load(d)
+    meta_path.unlink()
+    with pytest.raises(InputError, match="gnn.json: cannot read"):
+        GNNRegressor.load(d)
+    meta_path.write_text(json.dumps(good))
+    (d / "gnn.safetensors").unlink()
+    with pytest.raises(InputError, match="gnn.safetensors: missing"):
+        GNNRegressor.load(d)
+
+
+def test_models_package_exports_the_gnn_lazily():
+    import subprocess
+
+    import learnedperf.models
+    from learnedperf.models import gnn
+
+    assert learnedperf.models.GNNRegressor is gnn.GNNRegressor and learnedperf.models.make_sample is make_sample
+    # a fresh interpreter: importing the packages does not import torch (the GNN loads on first use)
+    code = "import sys, learnedperf.models, learnedperf.features; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,193 @@
+"""``learnedperf evaluate`` / ``train`` / ``predict --checkpoint`` end to end on a tiny data set, and
+checkpoint verification (tampered, truncated, altered, incompatible checkpoints)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from learnedperf.checkpoint import MANIFEST, load_checkpoint
+from learnedperf.cli import main
+from learnedperf.data import load_records, run_generate
+from learnedperf.errors import InputError
+from learnedperf.models.evaluate import MEASURED_SCALE_THRESHOLD
+from learnedperf.simulate import simulate
+
+TINY_GNN = ["--gnn", "pretrain_epochs=1", "--gnn", "finetune_epochs=1", "--gnn", "hidden=8", "--gnn",
+            "num_layers=1"]
+RUN = {"model": "gpt3-1.3b", "hardware": {"cluster": "dgx-a100", "num_devices": 8}, "strategy": {"tp": 2}}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    """30 simulated runs plus every measured run of the repository and vTrain."""
+    out = tmp_path_factory.mktemp("ds") / "data"
+    run_generate(30, out, seed=5, workers=1, progress=False, shard_size=15)
+    return out
+
+
+@pytest.fixture(scope="module")
+def gnn_checkpoint(data, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("ck") / "gnn"
+    assert main(["train", "--data", str(data), "--out", str(out), "--method", "gnn_residual", "--no-progress",
+                 "--limit-simulated", "20", *TINY_GNN]) == 0
+    return out
+
+
+def test_evaluate_simulator_mape_matches_records(data, tmp_path, capsys):
+    """The report's simulator MAPE on the unseen-scale split equals the one computed from the records."""
+    report = tmp_path / "report.json"
+    assert main(["evaluate", "--data", str(data), "--methods", "simulator,formula", "--splits", "unseen_scale",
+                 "--out", str(report), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "| unseen_scale |" in out and "Kendall tau" in out
+    rep = json.loads(report.read_text())
+    df = load_records(data)
+    test = df[(df.source == "measured") & (df.num_devices > MEASURED_SCALE_THRESHOLD)]
+    expected = float(np.mean(np.abs(test.sim_iteration_time_ms / test.iteration_time_ms - 1)) * 100)
+    entry = rep["splits"]["unseen_scale"]
+    assert entry["test_measured"] == len(test)
+    assert entry["methods"]["simulator"]["mape"] == pytest.approx(expected, rel=1e-9)
+    # the formula predicts one time per (model, cluster, batch): it cannot order strategies
+    assert entry["methods"]["formula"]["kendall_tau"] == 0.0
+    assert entry["methods"]["simulator"]["kendall_tau"] > 0.3
+    assert 0.0 <= entry["methods"]["simulator"]["coverage"] <= 1.0
+    assert {p["method"] for p in rep["predictions"]} == {"simulator", "formula"}
+
+
+def test_evaluate_rejects_unknown_method(data, capsys):
+    assert main(["evaluate", "--data", str(data), "--methods", "oracle"]) == 2
+    assert "unknown method" in capsys.readouterr().err
+
+
+def test_train_needs_method_or_report(data, tmp_path, capsys):
+    assert main(["train", "--data", str(data), "--out", str(tmp_path / "c")]) == 2
+    assert "--evaluation" in capsys.readouterr().err
+
+
+def test_simulator_checkpoint_predicts_the_simulator(data, tmp_path, capsys):
+    ck = tmp_path / "sim"
+    assert main(["train", "--data", str(data), "--out", str(ck), "--method", "simulator", "--no-progress"]) == 0
+    capsys.readouterr()
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps(RUN))
+    assert main(["predict", "--checkpoint", str(ck), "--run", str(run), "--format", "json"]) == 0
+    pred = json.loads(capsys.readouterr().out)
+    assert pred["iteration_time_ms"] == pytest.approx(simulate(RUN).iteration_time_s * 1e3, rel=1e-12)
+    assert pred["source"] == f"checkpoint:{ck.name}:simulator"
+    lo, hi = pred["interval_ms"]
+    assert lo <= pred["iteration_time_ms"] <= hi and lo < hi
+
+
+def test_gnn_checkpoint_round_trip(gnn_checkpoint, tmp_path, capsys):
+    manifest = json.loads((gnn_checkpoint / MANIFEST).read_text())
+    assert manifest["method"] == "gnn_residual"
+    assert "gnn/gnn.safetensors" in manifest["files"] and not list(gnn_checkpoint.rglob("*.pt"))
+    assert manifest["versions"]["torch"] and manifest["feature_schema"]["graph"]
+    assert manifest["normalisation"] is not None
+    assert manifest["training_data"]["used"]["by_origin"]["vtrain"] > 0
+    ck = load_checkpoint(gnn_checkpoint)
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps(RUN))
+    assert main(["predict", "--checkpoint", str(gnn_checkpoint), "--run", str(run), "--format", "json"]) == 0
+    pred = json.loads(capsys.readouterr().out)
+    sim_ms = simulate(RUN).iteration_time_s * 1e3
+    assert pred["simulator_iteration_time_ms"] == pytest.approx(sim_ms, rel=1e-12)
+    assert pred["iteration_time_ms"] == pytest.approx(sim_ms * pred["breakdown_scale"], rel=1e-9)
+    assert pred["tokens_per_second"] * pred["iteration_time_ms"] == pytest.approx(
+        simulate(RUN).to_prediction()["tokens_per_second"] * sim_ms, rel=1e-9)
+    lo, hi = pred["interval_ms"]
+    assert lo <= pred["iteration_time_ms"] <= hi
+    assert ck.interval.coverage == pytest.approx(0.9)
+
+
+def _copy(src: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "copy"
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_tampered_weights_are_refused(gnn_checkpoint, tmp_path, capsys):
+    ck = _copy(gnn_checkpoint, tmp_path)
+    f = ck / "gnn" / "gnn.safetensors"
+    data = bytearray(f.read_bytes())
+    data[-3] ^= 0xFF
+    f.write_bytes(bytes(data))
+    with pytest.raises(InputError, match="gnn.safetensors: sha256 differs"):
+        load_checkpoint(ck)
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps(RUN))
+    assert main(["predict", "--checkpoint", str(ck), "--run", str(run)]) == 1
+    err = capsys.readouterr().err
+    assert "sha256 differs" in err and "Traceback" not in err
+
+
+def test_truncated_and_altered_checkpoints_are_refused(gnn_checkpoint, tmp_path):
+    ck = _copy(gnn_checkpoint, tmp_path)
+    (ck / MANIFEST).write_text((ck / MANIFEST).read_text()[:200])
+    with pytest.raises(InputError, match="manifest.json"):
+        load_checkpoint(ck)
+    ck2 = tmp_path / "extra"
+    shutil.copytree(gnn_checkpoint, ck2)
+    (ck2 / "gnn" / "extra.bin").write_bytes(b"x")
+    with pytest.raises(InputError, match="not listed"):
+        load_checkpoint(ck2)
+    ck3 = tmp_path / "missing"
+    shutil.copytree(gnn_checkpoint, ck3)
+    (ck3 / "gnn" / "gnn.json").unlink()
+    with pytest.raises(InputError, match="missing"):
+        load_checkpoint(ck3)
+    with pytest.raises(InputError, match="no checkpoint manifest"):
+        load_checkpoint(tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize("key, value, match", [
+    ("compat.simulator_version", "0.0.0-old", "incompatible checkpoint: simulator_version"),
+    ("compat.graph_feature_schema_version", 99, "incompatible checkpoint: graph_feature_schema_version"),
+    ("format_version", 7, "format version 7"),
+    ("method", "oracle", "unknown method"),
+])
+def test_incompatible_checkpoints_are_refused(gnn_checkpoint, tmp_path, key, value, match):
+    ck = _copy(gnn_checkpoint, tmp_path)
+    manifest = json.loads((ck / MANIFEST).read_text())
+    node = manifest
+    *path, last = key.split(".")
+    for p in path:
+        node = node[p]
+    node[last] = value
+    (ck / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(InputError, match=match):
+        load_checkpoint(ck)
+
+
+def _report(methods: dict) -> dict:
+    return {"methods": list(methods), "predictions": [],
+            "splits": {"unseen_scale": {"test_measured": 3, "methods": {m: {"mape": v} for m, v in methods.items()}},
+                       "random": {"test_measured": 2, "methods": {m: {"mape": 0.0} for m in methods}}}}
+
+
+def test_choose_method_uses_unseen_splits_only():
+    from learnedperf.models.pipeline import choose_method
+
+    best, means = choose_method(_report({"simulator": 8.0, "gnn_residual": 6.5}))
+    assert best == "gnn_residual" and means == {"simulator": 8.0, "gnn_residual": 6.5}
+    with pytest.raises(InputError, match="scores no method"):
+        choose_method({"methods": ["simulator"], "splits": {}})
+
+
+def test_merge_reports():
+    from learnedperf.models.evaluate import merge_reports
+
+    merged = merge_reports([_report({"gnn_residual": 6.5}), _report({"simulator": 8.0})])
+    assert merged["methods"] == ["simulator", "gnn_residual"]  # METHODS order
+    assert set(merged["splits"]["unseen_scale"]["methods"]) == {"simulator", "gnn_residual"}
+    with pytest.raises(InputError, match="more than one report"):
+        merge_reports([_report({"simulator": 8.0}), _report({"simulator": 7.0})])
+    other = _report({"formula": 50.0})
+    other["splits"]["unseen_scale"]["test_measured"] = 4
+    with pytest.raises(InputError, match="different test sets"):
+        merge_reports([_report({"simulator": 8.0}), other])
