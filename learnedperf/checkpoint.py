@@ -83,7 +83,8 @@ def save_checkpoint(directory: str | Path, model: Any, training_data: dict, metr
     """Write a fitted :class:`~learnedperf.models.iteration.IterationModel` as a checkpoint.
 
     Args:
-        directory: created if missing; files of an older checkpoint there are replaced.
+        directory: created if missing; an older checkpoint there is replaced; any other non-empty
+            directory is refused.
         model: the fitted model (its op regressor and GNN are written when the method uses them).
         training_data: description of the data it was trained on (data set manifest hash, counts).
         metrics: evaluation figures to record (e.g. the held-out report's tables).
@@ -96,10 +97,17 @@ def save_checkpoint(directory: str | Path, model: Any, training_data: dict, metr
     from .features.ops import OP_FEATURE_SCHEMA
     from .models.iteration import GNN_METHODS, needs_ops
 
+    import shutil
+
     directory = Path(directory)
+    if directory.is_dir() and any(directory.iterdir()) and not (directory / MANIFEST).is_file():
+        raise InputError(f"{directory}: not empty and not a checkpoint; refusing to write into it")
     directory.mkdir(parents=True, exist_ok=True)
-    for old in (directory / MANIFEST,):
-        if old.exists():
+    # an older checkpoint's parts go first: a component the new method does not use must not stay listed
+    for old in (directory / MANIFEST, directory / OP_DIR, directory / GNN_DIR):
+        if old.is_dir():
+            shutil.rmtree(old)
+        elif old.exists():
             old.unlink()
     components: dict[str, Any] = {}
     if needs_ops(model.method):
