@@ -68,14 +68,17 @@ def _compat() -> dict:
             "simulator_version": SIMULATOR_VERSION, "cost_model_version": cost_model_version("roofline")}
 
 
+def _file_names(directory: Path) -> list[str]:
+    """Every file of a checkpoint but its manifest, relative, sorted."""
+    return sorted(f.relative_to(directory).as_posix() for f in directory.rglob("*")
+                  if f.is_file() and f.name != MANIFEST)
+
+
 def _files(directory: Path) -> dict:
     from .measure.records import sha256_file
 
-    out = {}
-    for f in sorted(directory.rglob("*")):
-        if f.is_file() and f.name != MANIFEST:
-            out[f.relative_to(directory).as_posix()] = {"sha256": sha256_file(f), "bytes": f.stat().st_size}
-    return out
+    return {name: {"sha256": sha256_file(directory / name), "bytes": (directory / name).stat().st_size}
+            for name in _file_names(directory)}
 
 
 def save_checkpoint(directory: str | Path, model: Any, training_data: dict, metrics: Optional[dict] = None,
@@ -194,7 +197,7 @@ def load_checkpoint(path: str | Path | None = None) -> Checkpoint:
     if not isinstance(files, dict):
         raise InputError(f"{mpath}: 'files' must map file names to their sha256")
     verify_files(path, files, MANIFEST, what="checkpoint file")
-    extra = sorted(set(_files(path)) - set(files))
+    extra = sorted(set(_file_names(path)) - set(files))
     if extra:
         raise InputError(f"{path / extra[0]}: file not listed in {MANIFEST} (checkpoint altered)")
     compat, ours = manifest.get("compat") or {}, _compat()

@@ -57,15 +57,21 @@ class Predictor:
         import math
 
         from .cost import RooflineCost
+        from .graph.execution import compile_run
         from .simulate import simulate
+        from .simulate.memory import memory_microbatches
         from .specs import RunSpec
 
         ck = self.checkpoint
         spec = run if isinstance(run, RunSpec) else RunSpec.from_dict(run)
+        # one compile serves the op prefetch and the GNN's graph: with the memory schedule's micro-batches
+        # the coarsened graph is the same as with all of them (per_iteration comes from the run), and cheaper
+        eg = compile_run(spec, memory_microbatches(spec)) if (ck.op_regressor is not None or ck.gnn is not None) \
+            else None
         if ck.op_regressor is not None:
             from .models.gbdt import LearnedOpCost
 
-            cost = LearnedOpCost(spec.hardware, ck.op_regressor).prefetch_run(spec)
+            cost = LearnedOpCost(spec.hardware, ck.op_regressor).prefetch_graph(eg)
         else:
             cost = RooflineCost(spec.hardware)
         result = simulate(spec, cost=cost, trace=trace)
@@ -76,7 +82,7 @@ class Predictor:
 
             t = float(ideal_time_ms([spec])[0]) / ck.formula_mfu
         elif ck.gnn is not None:
-            t = float(self._gnn_time_ms(spec, base, pred["breakdown_ms"]))
+            t = float(self._gnn_time_ms(spec, eg, base, pred["breakdown_ms"]))
         else:
             t = base
         if not (math.isfinite(t) and t > 0):
@@ -100,16 +106,15 @@ class Predictor:
         })
         return pred, result
 
-    def _gnn_time_ms(self, spec: Any, base_ms: float, breakdown_ms: dict) -> float:
+    def _gnn_time_ms(self, spec: Any, eg: Any, base_ms: float, breakdown_ms: dict) -> float:
         from .cost import RooflineCost
         from .data.graphs import graph_of
-        from .graph.execution import compile_run
         from .models.dataset import BREAKDOWN_COLUMNS, learned_node_times_s
         from .models.gnn import make_sample
 
         ck = self.checkpoint
         # node times are the roofline's, as in the graph store the GNN was trained on
-        graph = graph_of(compile_run(spec), RooflineCost(spec.hardware))
+        graph = graph_of(eg, RooflineCost(spec.hardware))
         nodes = learned_node_times_s(graph, spec, ck.op_regressor) if ck.op_regressor is not None else None
         bd = {k: float(breakdown_ms.get(k, 0.0)) for k in BREAKDOWN_COLUMNS}
         return float(ck.gnn.predict([make_sample(graph, spec, base_ms, bd, learned_time_s=nodes)])[0])

@@ -124,6 +124,17 @@ def op_features(op: Any, time_s: float) -> tuple:
             *shape, *(0,) * (SHAPE_WIDTH - len(shape)))
 
 
+def node_op(graph: dict, i: int) -> Any:
+    """The :class:`~learnedperf.graph.ops.Op` that node ``i`` of a graph dict (:func:`load_graph`,
+    :func:`graph_of`) stands for: the inverse of :func:`op_features` for what a node stores (kind,
+    phase, dtype, FLOPs, bytes, shape). The causal flag and the collective's group are not stored."""
+    from ..graph.ops import Op
+
+    shape = tuple(int(x) for x in graph["shape"][i] if x > 0)  # shapes are zero-padded to SHAPE_WIDTH
+    return Op("node", KINDS[int(graph["kind"][i])], PHASES[int(graph["phase"][i])], float(graph["flops"][i]),
+              float(graph["bytes"][i]), DTYPES[int(graph["dtype"][i])], shape)
+
+
 def _stage_signature(stage: Any) -> tuple:
     """What makes two stage programs identical: their chunks' op blocks, repeats and parameters."""
     return tuple((tuple((id(ops), rep) for ops, rep in c.forward), c.num_layers, c.params) for c in stage.chunks)
@@ -441,4 +452,4 @@ def iter_graphs(store_dir: str | Path) -> Iterator[dict]:
 
 __all__ = ["DTYPES", "EDGE_TYPES", "GRAPH_SCHEMA_VERSION", "GraphBuilder", "KINDS", "NODE_FEATURES", "PHASES",
            "SHAPE_WIDTH", "build_graph", "op_features", "graph_arrow_schema", "graph_of", "graphs_table", "iter_graphs",
-           "load_graph", "load_graphs"]
+           "load_graph", "load_graphs", "node_op"]

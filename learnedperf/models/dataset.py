@@ -91,26 +91,18 @@ def _record_breakdown(row: Any) -> Optional[dict]:
 def learned_node_times_s(graph: dict, spec: Any, regressor: Any):
     """The operator regressor's seconds for every compute node of ``graph`` (NaN for collectives).
 
-    Nodes carry kind, phase, dtype, FLOPs, bytes and shape: enough to rebuild the :class:`Op`
-    the regressor's features need (a causal mask is not stored; attention nodes count as
-    non-causal, as the roofline's node times do).
+    The ops come from :func:`~learnedperf.data.graphs.node_op` (a causal mask is not stored:
+    attention nodes count as non-causal).
     """
     import numpy as np
 
-    from ..data.graphs import DTYPES, KINDS, PHASES
-    from ..graph.ops import Op
+    from ..data.graphs import node_op
 
-    n = len(graph["kind"])
-    out = np.full(n, np.nan)
+    out = np.full(len(graph["kind"]), np.nan)
     compute = np.flatnonzero(~graph["is_comm"])
-    if len(compute) == 0:
-        return out
-    ops = []
-    for i in compute:
-        kind, phase = KINDS[int(graph["kind"][i])], PHASES[int(graph["phase"][i])]
-        shape = tuple(int(x) for x in graph["shape"][i] if x > 0)
-        ops.append(Op("node", kind, phase, float(graph["flops"][i]), float(graph["bytes"][i]), DTYPES[int(graph["dtype"][i])], shape))
-    out[compute] = regressor.predict_ops(ops, spec.hardware.device.to_dict()) * 1e-3
+    if len(compute):
+        ops = [node_op(graph, int(i)) for i in compute]
+        out[compute] = regressor.predict_ops(ops, spec.hardware.device.to_dict()) * 1e-3
     return out
 
 

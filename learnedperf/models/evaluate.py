@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Optional
 
+from ..data.splits import split_mask
 from ..errors import InputError
 from .dataset import Runs, strategy_group
 from .iteration import METHODS, IterationModel, needs_ops
@@ -36,7 +37,8 @@ def _cpu(df: Any):
 
 #: name → (rule in words, test mask over records)
 EVAL_SPLITS: dict[str, tuple[str, Callable[[Any], Any]]] = {
-    "unseen_family": ("test = model family llama (GQA, SwiGLU, RMSNorm, RoPE)", lambda df: df["arch"] == "llama"),
+    "unseen_family": ("test = model family llama (GQA, SwiGLU, RMSNorm, RoPE)",
+                      lambda df: split_mask(df, "unseen_family")),
     "unseen_device:A100": ("test = A100 runs (and synthetic devices derived from the A100); A100 operator "
                            "measurements left out of the operator regressor",
                            lambda df: df["device_type"] == "A100-SXM4-80GB"),
@@ -45,11 +47,11 @@ EVAL_SPLITS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "unseen_strategy": ("test = tensor x pipeline parallel mixes (tp > 1 and pp > 1) and interleaved schedules",
                         lambda df: ((df["tp"] > 1) & (df["pp"] > 1)) | ((df["pipeline_schedule"] == "interleaved")
                                                                           & (df["pp"] > 1))),
-    "unseen_sharding": ("test = fully sharded states (ZeRO-3 or FSDP)", lambda df: df["effective_zero_stage"] == 3),
+    "unseen_sharding": ("test = fully sharded states (ZeRO-3 or FSDP)",
+                        lambda df: split_mask(df, "unseen_sharding")),
     "unseen_scale": (f"test = more than {MEASURED_SCALE_THRESHOLD} devices: every test run has more devices than "
                      "any training run, simulated or measured", lambda df: df["num_devices"] > MEASURED_SCALE_THRESHOLD),
-    "random": ("test = 10 % of configurations by hash of config_id",
-               lambda df: df["config_id"].map(lambda c: int(str(c)[:8], 16) % 100 < 10)),
+    "random": ("test = 10 % of configurations by hash of config_id", lambda df: split_mask(df, "random")),
 }
 
 #: split → predicate over an operator record's device name: those operator rows are left out

@@ -481,7 +481,10 @@ class LearnedOpCost(CostModel):
         from ..graph.execution import compile_run
         from ..simulate.memory import memory_microbatches
 
-        eg = compile_run(run, memory_microbatches(run))
+        return self.prefetch_graph(compile_run(run, memory_microbatches(run)))
+
+    def prefetch_graph(self, eg: Any) -> "LearnedOpCost":
+        """:meth:`prefetch_run` for an already compiled execution graph ``eg``; return self."""
         self.prefetch(op for st in eg.stages for ch in st.chunks for ops, _rep in ch.forward + ch.backward
                       for op in ops)
         return self

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -38,11 +37,8 @@ def fit_op_regressor(exclude: Optional[Callable[[str], bool]] = None, client: An
     from .gbdt import OpTimeRegressor, load_op_training_data
 
     df = load_op_training_data(rows_per_device=rows_per_device, seed=seed)
-    col = "device_name" if "device_name" in df.columns else "device"
     if exclude is not None:
-        names = df[col].astype(str)
-        drop = names.map(lambda n: bool(exclude(n)))
-        df = df[~drop.to_numpy()]
+        df = df[~df["device_name"].astype(str).map(lambda n: bool(exclude(n))).to_numpy()]
     if len(df) == 0:
         raise InputError("no operator measurement left to train the operator regressor on")
     return OpTimeRegressor(random_state=seed, **params).fit_records(df, client=client)
@@ -103,10 +99,11 @@ def choose_method(report: dict, splits: tuple[str, ...] = CHOICE_SPLITS) -> tupl
 def data_description(data_dir: str | Path) -> dict:
     """What a data set is, for a checkpoint manifest: its manifest's sha256, counts and generation config."""
     from ..data.store import MANIFEST
+    from ..io import load_json_file
     from ..measure.records import sha256_file
 
     data_dir = Path(data_dir)
-    manifest = json.loads((data_dir / MANIFEST).read_text(encoding="utf-8"))
+    manifest = load_json_file(data_dir / MANIFEST)
     return {"dataset_manifest_sha256": sha256_file(data_dir / MANIFEST), "counts": manifest.get("counts"),
             "config": {k: manifest.get("config", {}).get(k) for k in ("n", "seed", "keep_oom", "measured")},
             "simulator_version": manifest.get("simulator_version"),
