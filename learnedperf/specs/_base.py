@@ -62,7 +62,9 @@ def spec_error_from(exc: ValidationError, prefix: str) -> SpecError:
 class Spec(BaseModel):
     """Base of every spec: frozen, strict about unknown keys, JSON round-trippable."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+    # strict: a count given as "2", 2.0 or true is a wrong field, not a 2 (or a 1) — input is JSON, whose
+    # numbers and booleans need no coercion; an int is still accepted where a float is expected
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True, strict=True)
 
     @classmethod
     def parse(cls: type[T], data: Any, prefix: str = "") -> T:

@@ -60,6 +60,9 @@ class DeviceSpec(Spec):
         return value * 1e12
 
 
+MAX_DEVICES = 1 << 20
+"""Most devices a run may have (see :class:`HardwareSpec`)."""
+
 _LINK_FIELDS = ("intra_node_bandwidth_GBps", "inter_node_bandwidth_GBps", "intra_node_latency_us",
                 "inter_node_latency_us")
 
@@ -68,8 +71,10 @@ class HardwareSpec(Spec):
     """A set of identical devices in nodes, with resolved link parameters."""
 
     device: DeviceSpec
-    num_devices: int = Field(ge=1)
-    devices_per_node: int = Field(ge=1)
+    # bounded so that absurd sizes are refused by name instead of predicted: the largest training
+    # clusters built are ~1e5 accelerators; 2^20 leaves an order of magnitude of headroom
+    num_devices: int = Field(ge=1, le=MAX_DEVICES)
+    devices_per_node: int = Field(ge=1, le=MAX_DEVICES)
     cluster: Optional[str] = None
     intra_node_bandwidth_GBps: Optional[float] = Field(default=None, gt=0)
     inter_node_bandwidth_GBps: Optional[float] = Field(default=None, gt=0)

@@ -32,8 +32,12 @@ class RunSpec(Spec):
 
     # ------------------------------------------------------------- building
     @classmethod
-    def from_dict(cls, data: Any) -> "RunSpec":
-        """Validate a run-format dict; every inconsistency raises one SpecError naming the field."""
+    def from_dict(cls, data: Any, cache: Optional["SpecCache"] = None) -> "RunSpec":
+        """Validate a run-format dict; every inconsistency raises one SpecError naming the field.
+
+        ``cache`` (a :class:`SpecCache`) resolves each distinct model and hardware value once
+        across many calls, which is most of the cost when a batch repeats them.
+        """
         if isinstance(data, RunSpec):
             return data
         if not isinstance(data, dict):
@@ -44,8 +48,10 @@ class RunSpec(Spec):
         for key in ("model", "hardware"):
             if key not in data:
                 raise SpecError(key, "required field is missing")
-        model = resolve_model(data["model"])
-        hardware = resolve_hardware(data["hardware"])
+        if cache is None:
+            model, hardware = resolve_model(data["model"]), resolve_hardware(data["hardware"])
+        else:
+            model, hardware = cache.model(data["model"]), cache.hardware(data["hardware"])
         raw_strategy = data.get("strategy", {})
         if raw_strategy is None:
             raw_strategy = {}
@@ -85,6 +91,52 @@ class RunSpec(Spec):
     def tokens_per_iteration(self) -> int:
         """Tokens consumed by one iteration."""
         return self.strategy.global_batch_size * self.model.seq_length
+
+
+class SpecCache:
+    """Resolved models and hardware by their input value, for parsing many runs.
+
+    Keys are the input itself (a catalog name) or its canonical JSON; only successful
+    resolutions are kept (a bad value raises every time, with the same message). At most
+    ``max_entries`` of each are kept, the oldest dropped first, so that a long-running
+    service does not grow without bound.
+    """
+
+    def __init__(self, max_entries: int = 1024):
+        self.max_entries = max_entries
+        self._models: dict[str, ModelSpec] = {}
+        self._hardware: dict[str, HardwareSpec] = {}
+
+    @staticmethod
+    def _key(value: Any) -> Optional[str]:
+        if isinstance(value, str):
+            return "s:" + value
+        if isinstance(value, dict):
+            # the repr of a decoded JSON object names every key and value (as does a spec object's)
+            # and costs a tenth of json.dumps; equal dicts in another key order only cost one more
+            # resolution
+            return "r:" + repr(value)
+        return None  # anything else is resolved without caching (and reported by the resolver)
+
+    def _get(self, store: dict, value: Any, resolve: Any) -> Any:
+        key = self._key(value)
+        if key is None:
+            return resolve(value)
+        hit = store.get(key)
+        if hit is None:
+            hit = resolve(value)
+            if len(store) >= self.max_entries:
+                store.pop(next(iter(store)))
+            store[key] = hit
+        return hit
+
+    def model(self, value: Any) -> ModelSpec:
+        """``resolve_model(value)``, once per distinct value."""
+        return self._get(self._models, value, resolve_model)
+
+    def hardware(self, value: Any) -> HardwareSpec:
+        """``resolve_hardware(value)``, once per distinct value."""
+        return self._get(self._hardware, value, resolve_hardware)
 
 
 def _key(key: object) -> str:

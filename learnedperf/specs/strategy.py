@@ -10,6 +10,10 @@ from ._base import FieldValueError, Spec
 
 Precision = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
 
+#: Largest parallel size or micro-batch accepted: no run has more devices (``hardware.MAX_DEVICES``), and
+#: a bound turns absurd input into an error naming the field instead of a prediction.
+_MAX = 1 << 20
+
 
 class Strategy(Spec):
     """Data, tensor, pipeline, context and expert parallelism plus the knobs around them.
@@ -19,15 +23,15 @@ class Strategy(Spec):
     micro_batch_size · dp`` (one micro-batch per iteration).
     """
 
-    tp: int = Field(default=1, ge=1, description="tensor-parallel size")
-    pp: int = Field(default=1, ge=1, description="pipeline-parallel size")
-    dp: Optional[int] = Field(default=None, ge=1, description="data-parallel size")
-    cp: int = Field(default=1, ge=1, description="context-parallel size (sequence split across ranks)")
-    ep: int = Field(default=1, ge=1, description="expert-parallel size (carved out of dp·cp)")
-    micro_batch_size: int = Field(default=1, ge=1)
-    global_batch_size: Optional[int] = Field(default=None, ge=1)
+    tp: int = Field(default=1, ge=1, le=_MAX, description="tensor-parallel size")
+    pp: int = Field(default=1, ge=1, le=_MAX, description="pipeline-parallel size")
+    dp: Optional[int] = Field(default=None, ge=1, le=_MAX, description="data-parallel size")
+    cp: int = Field(default=1, ge=1, le=_MAX, description="context-parallel size (sequence split across ranks)")
+    ep: int = Field(default=1, ge=1, le=_MAX, description="expert-parallel size (carved out of dp·cp)")
+    micro_batch_size: int = Field(default=1, ge=1, le=_MAX)
+    global_batch_size: Optional[int] = Field(default=None, ge=1, le=1 << 30)
     pipeline_schedule: Literal["gpipe", "1f1b", "interleaved"] = "1f1b"
-    virtual_pipeline_stages: int = Field(default=1, ge=1, description="model chunks per pipeline rank")
+    virtual_pipeline_stages: int = Field(default=1, ge=1, le=_MAX, description="model chunks per pipeline rank")
     zero_stage: Literal[0, 1, 2, 3] = 0
     fsdp: bool = Field(default=False, description="PyTorch FSDP full sharding (same traffic as ZeRO-3)")
     recompute: Literal["none", "selective", "full"] = "none"
