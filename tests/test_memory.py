@@ -7,7 +7,8 @@ import pytest
 from conftest import GPT_SMALL, LLAMA_GQA, KNOWN_PARAMS, make_run, roofline
 from learnedperf.graph.execution import compile_run
 from learnedperf.simulate import simulate
-from learnedperf.simulate.memory import in_flight_microbatches, layer_activation_bytes, peak_memory
+from learnedperf.simulate.memory import (in_flight_microbatches, layer_activation_bytes, memory_microbatches,
+                                         peak_memory, peak_memory_of)
 from learnedperf.units import GiB
 
 
@@ -80,7 +81,7 @@ KORTH_MODEL = {"name": "gpt-korth", "arch": "gpt", "num_layers": 8, "hidden_size
 def act(t: int = 1, **strategy) -> float:
     run = make_run(KORTH_MODEL, num_devices=t, tp=t, micro_batch_size=B, flash_attention=False, precision="bf16",
                    **strategy)
-    return layer_activation_bytes(compile_run(run))
+    return layer_activation_bytes(run)
 
 
 def test_activations_no_parallelism():
@@ -110,7 +111,7 @@ def test_activations_full_recompute():
 
 def test_flash_attention_drops_the_quadratic_term():
     run = make_run(KORTH_MODEL, num_devices=1, micro_batch_size=B, flash_attention=True)
-    per_layer = layer_activation_bytes(compile_run(run))
+    per_layer = layer_activation_bytes(run)
     # 34·sbh plus an O(s) softmax statistic; no 5·a·s²·b term
     assert 34 * S * B * H <= per_layer < 34 * S * B * H * 1.01
 
@@ -173,3 +174,21 @@ def test_small_model_fits():
     pred = simulate(run, cost=roofline(run, KNOWN_PARAMS)).to_prediction()
     assert pred["fits_in_memory"] is True
     assert 0 < pred["peak_memory_GiB"] < 80
+
+
+# ----------------------------------------------------------------------------- without compiling
+def test_peak_memory_of_equals_the_compiled_schedules_on_sampled_runs():
+    # two derivations of the same bytes: in-flight units counted along the compiled schedules,
+    # against the closed form of peak_in_flight; every strategy kind the sampler draws (OOM kept)
+    from learnedperf.data.sampler import sample_runs
+    from learnedperf.specs import RunSpec
+
+    kinds = set()
+    for _i, raw in sample_runs(150, seed=11, keep_oom=True):
+        run = RunSpec.from_dict(raw)
+        kinds.add(run.strategy.pipeline_schedule if run.strategy.pp > 1 else "none")
+        compiled = peak_memory(compile_run(run, memory_microbatches(run)))
+        fast = peak_memory_of(run)
+        assert fast.to_GiB() == pytest.approx(compiled.to_GiB(), rel=1e-12), raw
+        assert fast.stage == compiled.stage
+    assert kinds == {"none", "gpipe", "1f1b", "interleaved"}

@@ -133,6 +133,8 @@ def schedule_interleaved(p: int, v: int, m: int, stage: int) -> list[tuple[str, 
 def _layers_per_vstage(num_layers: int, n: int) -> list[int]:
     base, extra = divmod(num_layers, n)
     counts = [base] * n
+    if not extra:
+        return counts
     # spare layers go to the middle virtual stages: the first holds the embedding, the last the LM head
     order = sorted(range(n), key=lambda i: abs(i - (n - 1) / 2))
     for i in order[:extra]:
@@ -140,7 +142,7 @@ def _layers_per_vstage(num_layers: int, n: int) -> list[int]:
     return counts
 
 
-def _recompute_ops(fwd: list[Op], policy: str) -> list[Op]:
+def recompute_ops(fwd: list[Op], policy: str) -> list[Op]:
     """Ops re-run before a backward under ``policy`` (full: the whole forward; selective: core attention)."""
     if policy == "full":
         keep = fwd
@@ -151,6 +153,86 @@ def _recompute_ops(fwd: list[Op], policy: str) -> list[Op]:
         return []
     return [Op(op.name + ".recompute", op.kind, "recompute", op.flops, op.bytes, op.dtype, op.shape, op.group,
                op.causal) for op in keep]
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkLayout:
+    """Layers and parameters of one virtual pipeline stage (what memory needs, without the ops)."""
+
+    vstage: int
+    num_layers: int
+    num_dense: int
+    num_moe: int
+    dense_params: float  # after tensor sharding, before ZeRO; reduced over dp·cp
+    expert_params: float  # reduced over the expert-data-parallel group
+    layer_params: float  # parameters of one dense layer on this rank (FSDP gathers)
+
+
+def state_bytes_per_param(s) -> tuple[int, int]:
+    """Bytes per parameter of the compute weights and of the gradients for strategy ``s``."""
+    pbytes = dtype_bytes(s.precision) if s.precision not in ("fp8",) else 2  # fp8 runs keep bf16 weights
+    return pbytes, dtype_bytes(s.reduce_precision)
+
+
+def chunk_layout(run: RunSpec) -> list[ChunkLayout]:
+    """Every virtual stage's layers and parameters, in virtual-stage order (``pp·v`` entries).
+
+    The compiler builds each chunk's ops on this layout; memory checks use it alone, which
+    is what lets a planner check memory of thousands of strategies without compiling them.
+    """
+    model, s = run.model, run.strategy
+    tp, n_v = s.tp, s.pp * s.virtual_pipeline_stages
+    counts = _layers_per_vstage(model.num_layers, n_v)
+    h, V = model.hidden_size, model.vocab_size
+    dense_layer_params = model.layer_params(False) / tp
+    moe_attn_params = (model.layer_params(False) - model.mlp_matrices * h * model.ffn_hidden_size) / tp
+    expert_layer_params = (model.num_experts // s.ep) * model.mlp_matrices * h * model.ffn_hidden_size / tp
+    out: list[ChunkLayout] = []
+    first = 0
+    for vs in range(n_v):
+        n_layers = counts[vs]
+        # layers i (0-based) with (i + 1) % freq == 0 are MoE layers: count them in [first, first + n_layers)
+        n_moe = ((first + n_layers) // model.moe_layer_frequency - first // model.moe_layer_frequency
+                 if model.is_moe else 0)
+        first += n_layers
+        n_dense = n_layers - n_moe
+        dense_p = n_dense * dense_layer_params + n_moe * moe_attn_params
+        if vs == 0:
+            dense_p += model.embedding_params() / tp
+        if vs == n_v - 1:
+            if not model.tie_embeddings or n_v > 1:
+                dense_p += V * h / tp  # untied head, or the last stage's own copy of a tied embedding
+            dense_p += (2 if model.norm == "layernorm" else 1) * h  # final norm (weight, bias)
+        out.append(ChunkLayout(vs, n_layers, n_dense, n_moe, dense_p, n_moe * expert_layer_params,
+                               dense_layer_params))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class StageLoad:
+    """What one pipeline rank holds, summed over its chunks (what memory and gradient traffic need)."""
+
+    dense_params: float
+    expert_params: float
+    layers: float  # mean layers per chunk (activations are saved per chunk forward in flight)
+    last: bool  # holds the last virtual stage (LM head, logits)
+    layer_params: float  # parameters of one layer of its first chunk (ZeRO-3 gathers)
+
+
+def stage_loads(layout: list[ChunkLayout], pp: int) -> list[StageLoad]:
+    """Per pipeline rank (``pp`` of them), the sums over its chunks ``layout[rank::pp]``.
+
+    Depends on the model and on tp, pp, virtual stages and ep only, so a planner's strategies
+    that share those share it.
+    """
+    last = len(layout) - 1
+    out = []
+    for st in range(pp):
+        chunks = layout[st::pp]
+        out.append(StageLoad(sum(c.dense_params for c in chunks), sum(c.expert_params for c in chunks),
+                             sum(c.num_layers for c in chunks) / max(1, len(chunks)),
+                             any(c.vstage == last for c in chunks), chunks[0].layer_params))
+    return out
 
 
 def compile_run(run: RunSpec, num_microbatches: int | None = None) -> ExecutionGraph:
@@ -172,18 +254,11 @@ def compile_run(run: RunSpec, num_microbatches: int | None = None) -> ExecutionG
     sh: Shard = shard_for(run, tp_group, cp_group, ep_group)
 
     zero = s.effective_zero_stage
-    pbytes = dtype_bytes(s.precision) if s.precision not in ("fp8",) else 2  # fp8 runs keep bf16 weights
-    gbytes = dtype_bytes(s.reduce_precision)
+    pbytes, gbytes = state_bytes_per_param(s)
     dense_layer_fwd = layer_forward(model, sh, False)
     moe_layer_fwd = layer_forward(model, sh, True, "moe_layer") if model.is_moe else []
     n_v = pp * v
-    counts = _layers_per_vstage(model.num_layers, n_v)
-    first_layer = [sum(counts[:i]) for i in range(n_v)]
-
-    h, V = model.hidden_size, model.vocab_size
-    dense_layer_params = model.layer_params(False) / tp
-    moe_attn_params = (model.layer_params(False) - model.mlp_matrices * h * model.ffn_hidden_size) / tp
-    expert_layer_params = (model.num_experts // s.ep) * model.mlp_matrices * h * model.ffn_hidden_size / tp
+    layout = chunk_layout(run)
 
     stages: list[Stage] = []
     bwd_memo: dict[int, list[Op]] = {}
@@ -191,35 +266,26 @@ def compile_run(run: RunSpec, num_microbatches: int | None = None) -> ExecutionG
         chunks: list[Chunk] = []
         for c in range(v):
             vs = c * pp + st
-            n_layers = counts[vs]
-            n_moe = sum(1 for i in range(first_layer[vs], first_layer[vs] + n_layers)
-                        if model.is_moe and (i + 1) % model.moe_layer_frequency == 0)
-            n_dense = n_layers - n_moe
+            cl = layout[vs]
             fwd: list[Block] = []
-            dense_p = n_dense * dense_layer_params + n_moe * moe_attn_params
-            expert_p = n_moe * expert_layer_params
             if vs == 0:
                 fwd.append((embedding_forward(model, sh), 1))
-                dense_p += model.embedding_params() / tp
-            if n_dense:
-                fwd.append((dense_layer_fwd, n_dense))
-            if n_moe:
-                fwd.append((moe_layer_fwd, n_moe))
+            if cl.num_dense:
+                fwd.append((dense_layer_fwd, cl.num_dense))
+            if cl.num_moe:
+                fwd.append((moe_layer_fwd, cl.num_moe))
             if vs == n_v - 1:
                 fwd.append((head_forward(model, sh), 1))
-                if not model.tie_embeddings or n_v > 1:
-                    dense_p += V * h / tp  # untied head, or the last stage's own copy of a tied embedding
-                dense_p += (2 if model.norm == "layernorm" else 1) * h  # final norm (weight, bias)
             bwd: list[Block] = []
             for ops, rep in reversed(fwd):
                 key = id(ops)
                 if key not in bwd_memo:  # identical layers share one backward list (and its cost cache)
                     # Megatron recomputes transformer layers only, never the embedding or the LM head
                     layer = ops is dense_layer_fwd or ops is moe_layer_fwd
-                    bwd_memo[key] = (_recompute_ops(ops, s.recompute) if layer else []) + backward_of(ops)
+                    bwd_memo[key] = (recompute_ops(ops, s.recompute) if layer else []) + backward_of(ops)
                 bwd.append((bwd_memo[key], rep))
-            chunks.append(Chunk(vs, n_layers, fwd, bwd, dense_p + expert_p, dense_p, expert_p,
-                                dense_layer_params))
+            chunks.append(Chunk(vs, cl.num_layers, fwd, bwd, cl.dense_params + cl.expert_params, cl.dense_params,
+                                cl.expert_params, cl.layer_params))
         if pp == 1:
             # no pipeline: gradient accumulation runs each micro-batch forward then backward
             sched = [u for i in range(m) for u in (("F", 0, i), ("B", 0, i))]
@@ -233,6 +299,7 @@ def compile_run(run: RunSpec, num_microbatches: int | None = None) -> ExecutionG
         local = params / dp if zero >= 1 else params  # ZeRO shards the optimizer step over dp
         stages.append(Stage(st, chunks, sched, optimizer_ops(local, s.optimizer, s.precision)))
 
+    h, V = model.hidden_size, model.vocab_size
     # with sequence parallelism Megatron sends only this rank's 1/tp of the activations between stages
     p2p_bytes = sh.tokens * h * sh.e / (tp if sh.sp else 1)
     tied = V * h / tp * gbytes if (model.tie_embeddings and n_v > 1) else 0.0

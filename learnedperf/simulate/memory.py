@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..graph.execution import ExecutionGraph
+from ..graph.execution import ChunkLayout, ExecutionGraph, StageLoad, chunk_layout, stage_loads, state_bytes_per_param
 from ..units import GiB
 
 
@@ -46,9 +46,8 @@ class MemoryBreakdown:
                 "temporary": self.temporary / GiB}
 
 
-def layer_activation_bytes(eg: ExecutionGraph) -> float:
-    """Bytes one transformer layer saves for backward, per micro-batch, on one rank."""
-    run = eg.run
+def layer_activation_bytes(run) -> float:
+    """Bytes one transformer layer of ``run`` (a RunSpec) saves for backward, per micro-batch, on one rank."""
     m, s = run.model, run.strategy
     b, seq = s.micro_batch_size, m.seq_length // s.cp
     h, t = m.hidden_size, s.tp
@@ -105,38 +104,74 @@ def in_flight_microbatches(schedule: list[tuple[str, int, int]]) -> int:
     return peak
 
 
+def peak_in_flight(run, stage: int) -> int:
+    """Largest number of forward units in flight on pipeline ``stage`` of ``run`` (closed form).
+
+    The same number as :func:`in_flight_microbatches` over the compiled schedule: 1F1B stage
+    ``i`` warms up with ``min(p-i-1, m)`` forwards and runs one more before its first
+    backward; interleaving warms up with ``(p-i-1)·2 + (v-1)·p`` chunk forwards (Megatron);
+    GPipe holds every micro-batch; without a pipeline one micro-batch is in flight.
+    """
+    s = run.strategy
+    m, p, v = run.num_microbatches, s.pp, s.virtual_pipeline_stages
+    if p == 1:
+        return min(m, 1)
+    if s.pipeline_schedule == "gpipe":
+        return m
+    if s.pipeline_schedule == "interleaved":
+        return min((p - stage - 1) * 2 + (v - 1) * p + 1, m * v)
+    return min(p - stage, m)
+
+
 def peak_memory(eg: ExecutionGraph) -> MemoryBreakdown:
-    """Peak per-device memory over the pipeline ranks (bytes)."""
-    run = eg.run
+    """Peak per-device memory over the pipeline ranks of a compiled run (bytes)."""
+    layout = sorted((ChunkLayout(c.vstage, c.num_layers, 0, 0, c.dense_params, c.expert_params, c.layer_params)
+                     for st in eg.stages for c in st.chunks), key=lambda c: c.vstage)
+    return _peak(eg.run, stage_loads(layout, len(eg.stages)),
+                 [in_flight_microbatches(st.schedule) for st in eg.stages])
+
+
+def peak_memory_of(run, loads: list[StageLoad] | None = None) -> MemoryBreakdown:
+    """Peak per-device memory of ``run`` (a RunSpec) without compiling it: the same bytes as
+    :func:`peak_memory` of the compiled run, from :func:`~learnedperf.graph.execution.stage_loads`
+    (``loads``, if the caller has them) and :func:`peak_in_flight`. Fast enough to check thousands
+    of strategies a second."""
+    pp = run.strategy.pp
+    if loads is None:
+        loads = stage_loads(chunk_layout(run), pp)
+    return _peak(run, loads, [peak_in_flight(run, st) for st in range(pp)])
+
+
+def _peak(run, loads: list[StageLoad], in_flight: list[int]) -> MemoryBreakdown:
+    """The most loaded stage, given each stage's load and forward units in flight."""
     m, s = run.model, run.strategy
     dp = s.dp * s.cp  # ZeRO shards over the whole data-parallel group (dp·cp in Megatron)
     zero = s.effective_zero_stage
-    pbytes = eg.param_bytes_per_param
-    gbytes = eg.grad_bytes_per_param
+    pbytes, gbytes = state_bytes_per_param(s)
     adam = s.optimizer == "adam"
     # fp32 master weights exist only when the compute copy is low precision
     master = 4 if pbytes < 4 else 0
     opt_per_param = master + (8 if adam else 0)
-    per_layer = layer_activation_bytes(eg)
-    best: MemoryBreakdown | None = None
-    for st in eg.stages:
-        params = sum(c.params for c in st.chunks)
-        weights = params * pbytes / (dp if zero >= 3 else 1)
-        grads = params * gbytes / (dp if zero >= 2 else 1)
-        opt = params * opt_per_param / (dp if zero >= 1 else 1)
-        layers = sum(c.num_layers for c in st.chunks) / max(1, len(st.chunks))
-        in_flight = in_flight_microbatches(st.schedule)
-        acts = per_layer * layers * in_flight
-        temp = 0.0
-        T = s.micro_batch_size * m.seq_length // s.cp
-        if any(c.vstage == len(eg.stages) * len(st.chunks) - 1 for c in st.chunks):
-            # fp32 logits and their gradient of one micro-batch on the last stage
-            temp += 2 * 4.0 * T * m.vocab_size / s.tp
-        if zero >= 3:
-            # gathered full weights of the layers being computed and prefetched (two layers)
-            temp += 2 * st.chunks[0].layer_params * pbytes
-        mb = MemoryBreakdown(weights, grads, opt, acts, temp, st.index)
-        if best is None or mb.total > best.total:
-            best = mb
-    assert best is not None
+    per_layer = layer_activation_bytes(run)
+    T = s.micro_batch_size * m.seq_length // s.cp
+    # bytes per parameter of weights, gradients and optimizer states together, after ZeRO sharding
+    state_per_param = (pbytes / (dp if zero >= 3 else 1) + gbytes / (dp if zero >= 2 else 1)
+                       + opt_per_param / (dp if zero >= 1 else 1))
+    logits = 2 * 4.0 * T * m.vocab_size / s.tp  # fp32 logits and their gradient of one micro-batch, last stage
+
+    def temporary(ld: StageLoad) -> float:
+        # gathered full weights of the layers being computed and prefetched (two layers) under ZeRO-3
+        return (logits if ld.last else 0.0) + (2 * ld.layer_params * pbytes if zero >= 3 else 0.0)
+
+    best_total, best_index = -1.0, 0
+    for index, ld in enumerate(loads):
+        total = ((ld.dense_params + ld.expert_params) * state_per_param + per_layer * ld.layers * in_flight[index]
+                 + temporary(ld))
+        if total > best_total:
+            best_total, best_index = total, index
+    ld = loads[best_index]
+    params = ld.dense_params + ld.expert_params
+    best = MemoryBreakdown(params * pbytes / (dp if zero >= 3 else 1), params * gbytes / (dp if zero >= 2 else 1),
+                           params * opt_per_param / (dp if zero >= 1 else 1),
+                           per_layer * ld.layers * in_flight[best_index], temporary(ld), best_index)
     return best
