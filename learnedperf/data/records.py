@@ -130,12 +130,27 @@ def strategy_kind(strategy: Any) -> str:
     return kind(strategy)
 
 
+#: The record columns that place a run in or out of a training domain: the columns the held-out
+#: splits over family, device and scale read (:mod:`learnedperf.data.splits`,
+#: :mod:`learnedperf.models.evaluate`) and :class:`learnedperf.models.intervals.TrainingDomain` compares.
+DOMAIN_COLUMNS = ("arch", "device_type", "num_devices")
+
+
+def domain_columns(spec: Any) -> dict:
+    """The :data:`DOMAIN_COLUMNS` of a run's record, from its :class:`~learnedperf.specs.RunSpec`: model
+    family, the catalog device it is or was derived from, and its number of devices."""
+    from .sampler import device_type
+
+    return {"arch": spec.model.arch, "device_type": device_type(spec.hardware.device.name),
+            "num_devices": spec.hardware.num_devices}
+
+
 def spec_columns(spec: Any, run: dict) -> dict:
     """The descriptive columns of a record that follow from the run alone."""
     from ..measure.records import canonical_json
-    from .sampler import device_type
 
     m, hw, s = spec.model, spec.hardware, spec.strategy
+    domain = domain_columns(spec)
     text = canonical_json(run)
     bare = {k: v for k, v in run.items() if k not in _NOT_CONFIG}
     return {
@@ -143,7 +158,7 @@ def spec_columns(spec: Any, run: dict) -> dict:
         "run_id": hashlib.sha256(text.encode()).hexdigest()[:16],
         "config_id": hashlib.sha256(canonical_json(bare).encode()).hexdigest()[:16],
         "run": text,
-        "arch": m.arch,
+        "arch": domain["arch"],
         "model_name": m.name,
         "num_params": int(m.num_params()),
         "num_layers": m.num_layers,
@@ -152,10 +167,10 @@ def spec_columns(spec: Any, run: dict) -> dict:
         "seq_length": m.seq_length,
         "num_experts": m.num_experts,
         "device_name": hw.device.name,
-        "device_type": device_type(hw.device.name),
+        "device_type": domain["device_type"],
         "device_memory_GiB": float(hw.device.memory_GiB),
         "cluster": hw.cluster,
-        "num_devices": hw.num_devices,
+        "num_devices": domain["num_devices"],
         "devices_per_node": hw.devices_per_node,
         "num_nodes": hw.num_nodes,
         "tp": s.tp, "pp": s.pp, "dp": s.dp, "cp": s.cp, "ep": s.ep,
@@ -275,5 +290,6 @@ def records_table(records: list[dict]):
     return pa.Table.from_arrays(cols, schema=schema)
 
 
-__all__ = ["RECORD_COLUMNS", "SCHEMA_VERSION", "SOURCES", "arrow_schema", "check_record", "cost_model_version",
-           "measured_record", "records_table", "simulated_record", "spec_columns", "strategy_kind"]
+__all__ = ["DOMAIN_COLUMNS", "RECORD_COLUMNS", "SCHEMA_VERSION", "SOURCES", "arrow_schema", "check_record",
+           "cost_model_version", "domain_columns", "measured_record", "records_table", "simulated_record",
+           "spec_columns", "strategy_kind"]

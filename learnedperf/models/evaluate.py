@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 
 from ..data.splits import split_mask
 from ..errors import InputError
-from .dataset import Runs, strategy_group
+from .dataset import Runs, device_class, strategy_group
 from .iteration import METHODS, IterationModel, needs_ops
 from .metrics import score
 
@@ -32,7 +32,8 @@ MEASURED_SCALE_THRESHOLD = 4
 
 
 def _cpu(df: Any):
-    return df["device_type"].astype(str).str.lower().str.startswith("cpu")
+    # the interval's device-class rule, so that "unseen CPU" and the "cpu" calibration group are one notion
+    return df["device_type"].map(device_class) == "cpu"
 
 
 #: name → (rule in words, test mask over records)
@@ -144,6 +145,59 @@ def evaluate(runs_for: Callable[[Optional[Any]], Runs], methods: tuple[str, ...]
     return report
 
 
+def novelty_residuals(report: dict, method: str, leave_out: tuple[str, ...] = ()) -> tuple[dict, dict]:
+    """Leave-domain-out residuals ``log(measured / predicted)`` of ``method`` per novelty class, from the
+    test-side predictions of an evaluation report (:func:`evaluate`).
+
+    The test side of an ``unseen_*`` split was predicted by a model that saw no run of that device,
+    family or scale: the situation of a novel run. A class pools the splits that reproduce it
+    (:func:`~learnedperf.models.intervals.novelty_of_split`: ``unseen_device:*`` → ``unseen_device``,
+    ...). A class none of whose splits is in the report (or left in after ``leave_out``) pools every
+    remaining ``unseen_*`` split instead — some leave-something-out error beats the in-domain one.
+
+    Args:
+        report: an evaluation report with ``predictions``.
+        method: the method whose predictions to use.
+        leave_out: split names to ignore (a leave-one-split-out measurement of the interval).
+
+    Returns:
+        ``(log_ratios, calibrated_on)``: class → numpy array, and class → ``{"splits": {split: n},
+        "fallback": bool}`` (``fallback``: pooled from other kinds of split). Classes without any
+        residual are absent.
+    """
+    import numpy as np
+
+    from .intervals import NOVELTY_CLASSES, novelty_of_split
+    from .metrics import _pair
+
+    rows: dict[str, tuple[list, list]] = {}
+    for i, row in enumerate(report.get("predictions", [])):
+        try:
+            split = row["split"]
+            if row["method"] != method or split in leave_out or not str(split).startswith("unseen_"):
+                continue
+            pred, meas = rows.setdefault(split, ([], []))
+            pred.append(row["predicted_ms"])
+            meas.append(row["measured_ms"])
+        except (KeyError, TypeError) as exc:
+            raise InputError(f"evaluation report: prediction {i} lacks key {exc}") from None
+    by_split = {}
+    for split, (pred, meas) in sorted(rows.items()):
+        try:
+            p, t = _pair(pred, meas)
+        except (InputError, TypeError, ValueError) as exc:
+            raise InputError(f"evaluation report: split {split!r}, method {method!r}: {exc}") from None
+        by_split[split] = np.log(t / p)
+    log_ratios, calibrated_on = {}, {}
+    for cls in NOVELTY_CLASSES:
+        own = [s for s in by_split if novelty_of_split(s) == cls]
+        use = own or list(by_split)
+        if use:
+            log_ratios[cls] = np.concatenate([by_split[s] for s in use])
+            calibrated_on[cls] = {"splits": {s: int(len(by_split[s])) for s in use}, "fallback": not own}
+    return log_ratios, calibrated_on
+
+
 def merge_reports(reports: list[dict]) -> dict:
     """One report from several over the same data and splits but different methods (e.g. methods
     evaluated in parallel processes). Raises :class:`InputError` if a method appears twice or the
@@ -189,4 +243,4 @@ def format_table(report: dict, metric: str = "mape") -> str:
 
 
 __all__ = ["EVAL_SPLITS", "MEASURED_SCALE_THRESHOLD", "OP_DEVICE_HOLDOUT", "evaluate", "format_table", "merge_reports",
-           "test_mask"]
+           "novelty_residuals", "test_mask"]

@@ -14,18 +14,37 @@ since CPU steps and GPU steps err differently), with the pooled quantiles for a 
 never seen or seen fewer than ``min_group_size`` times. The interval always contains
 the point prediction (``q_lo <= 0 <= q_hi``): widening only adds coverage.
 
+Out of its training domain a model errs more than on the held-out runs of its own domain:
+a run on a device, of a model family or at a scale that no measured training run had gets
+an interval calibrated on in-domain errors — too narrow. So the interval also knows the
+:class:`TrainingDomain` (what the measured training runs covered) and holds one pair of
+*novelty* quantiles per out-of-domain class (:data:`NOVELTY_CLASSES`), calibrated on
+leave-domain-out residuals: the test-side predictions of the ``unseen_*`` splits of an
+evaluation report, where a model that never saw that device, family or scale predicted it
+(:func:`learnedperf.models.evaluate.novelty_residuals`). A novel run's interval is the
+wider of its novelty pair and its device-class pair, so novelty only ever widens.
+
 State is plain numbers: :meth:`ConformalInterval.to_dict` / :meth:`from_dict` are JSON.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from ..errors import InputError
 
 POOLED = "*"
 """Group key of the quantiles pooled over every calibration run."""
+
+IN_DOMAIN = "in_domain"
+"""Novelty class of a run like the measured training runs (same device, family, no more devices)."""
+
+NOVELTY_CLASSES = ("unseen_device", "unseen_family", "unseen_scale")
+"""Out-of-domain classes, in the precedence of :meth:`TrainingDomain.novelty`: the one with the widest
+error in the leave-out evaluation first (an unseen device, then an unseen family, then an unseen scale).
+Each is the name (or the prefix before ``:``) of the evaluation splits that reproduce it."""
 
 
 def conformal_quantile(residuals: Any, level: float) -> float:
@@ -41,15 +60,138 @@ def conformal_quantile(residuals: Any, level: float) -> float:
     n = len(r)
     if n == 0:
         raise InputError("conformal quantile of an empty calibration set")
+    # a rank that is a whole number in exact arithmetic must stay one: (1 - 0.9) / 2 is 0.04999... in
+    # floating point, and floor(100 * 0.04999...) would take the 4th residual instead of the 5th
+    eps = 1e-9
     if level >= 0.5:
-        k = math.ceil((n + 1) * level)
+        k = math.ceil((n + 1) * level - eps)
         return float(r[min(k, n) - 1])
-    k = math.floor((n + 1) * level)
+    k = math.floor((n + 1) * level + eps)
     return float(r[max(k, 1) - 1])
+
+
+def novelty_of_split(split: str) -> Optional[str]:
+    """The novelty class an evaluation split reproduces (``"unseen_device:CPU"`` → ``"unseen_device"``),
+    or None for a split that holds out something else (strategy, sharding, a random share)."""
+    base = str(split).split(":", 1)[0]
+    return base if base in NOVELTY_CLASSES else None
+
+
+def conformal_log_bounds(residuals: Any, coverage: float) -> dict:
+    """``{"log_lower", "log_upper", "n"}``: the conformal ``(1 − coverage)/2`` and ``(1 + coverage)/2``
+    quantiles (:func:`conformal_quantile`) of the log ratios ``residuals``, widened to hold 0 so that
+    the interval holds the point prediction itself."""
+    lo_level, hi_level = (1 - coverage) / 2, (1 + coverage) / 2
+    return {"log_lower": min(conformal_quantile(residuals, lo_level), 0.0),
+            "log_upper": max(conformal_quantile(residuals, hi_level), 0.0), "n": int(len(residuals))}
+
+
+def _checked_pair(what: str, q: Any) -> dict:
+    """A quantile pair read from JSON; a malformed one raises :class:`InputError` naming ``what``
+    (a value that is no number raises TypeError / ValueError for the caller to report)."""
+    try:
+        lo, hi, n = float(q["log_lower"]), float(q["log_upper"]), int(q["n"])
+    except KeyError as exc:
+        raise InputError(f"interval calibration: {what} lacks key {exc}") from None
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo <= 0.0 <= hi and n >= 1):
+        raise InputError(f"interval calibration: {what} has invalid bounds {q}")
+    return {"log_lower": lo, "log_upper": hi, "n": n}
+
+
+@dataclass(frozen=True)
+class TrainingDomain:
+    """What the measured training runs of a model covered: the yardstick of :meth:`novelty`.
+
+    The three notions are those of the held-out evaluation splits (:mod:`learnedperf.models.evaluate`),
+    read from the same record columns (:data:`learnedperf.data.records.DOMAIN_COLUMNS`): a device is its
+    ``device_type`` (a synthetic device counts as its catalog base), a family is the model's ``arch``,
+    and scale is ``num_devices``. Only *measured* runs count: the interval calibrates measured errors,
+    and simulated runs on a device say nothing about how the model errs on the real one.
+
+    Attributes:
+        devices: device types of the measured training runs (sorted).
+        families: model families (``arch``) of the measured training runs (sorted).
+        max_num_devices: the most devices of a measured training run.
+        n_runs: how many measured training runs the domain describes.
+    """
+
+    devices: tuple[str, ...]
+    families: tuple[str, ...]
+    max_num_devices: int
+    n_runs: int
+
+    @property
+    def device_classes(self) -> tuple[str, ...]:
+        """Device classes (:func:`~learnedperf.models.dataset.device_class`) of :attr:`devices`."""
+        from .dataset import device_class
+
+        return tuple(sorted({device_class(d) for d in self.devices}))
+
+    @classmethod
+    def from_records(cls, records: Any) -> "TrainingDomain":
+        """The domain of ``records``: a DataFrame of the measured training runs (record columns)."""
+        from ..data.records import DOMAIN_COLUMNS
+
+        missing = [c for c in DOMAIN_COLUMNS if c not in records.columns]
+        if missing:
+            raise InputError(f"training domain: the records lack column(s) {missing}")
+        if len(records) == 0:
+            raise InputError("training domain: no measured training run")
+        return cls(tuple(sorted({str(d) for d in records["device_type"]})),
+                   tuple(sorted({str(a) for a in records["arch"]})), int(records["num_devices"].max()), len(records))
+
+    def novelty(self, spec: Any) -> str:
+        """:data:`IN_DOMAIN` or the :data:`NOVELTY_CLASSES` entry of a :class:`~learnedperf.specs.RunSpec`.
+
+        When several apply, the first of :data:`NOVELTY_CLASSES` wins — device, then family, then
+        scale — the order of their errors in the leave-out evaluation (an unseen device errs most).
+        """
+        from ..data.records import domain_columns
+
+        cols = domain_columns(spec)
+        if cols["device_type"] not in self.devices:
+            return "unseen_device"
+        if cols["arch"] not in self.families:
+            return "unseen_family"
+        if cols["num_devices"] > self.max_num_devices:
+            return "unseen_scale"
+        return IN_DOMAIN
+
+    def to_dict(self) -> dict:
+        """JSON-compatible description (``device_classes`` is informative: :meth:`from_dict` derives it)."""
+        return {"devices": list(self.devices), "device_classes": list(self.device_classes),
+                "families": list(self.families), "max_num_devices": self.max_num_devices, "n_runs": self.n_runs}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "TrainingDomain":
+        """Inverse of :meth:`to_dict`; a malformed dict raises :class:`InputError` naming the key."""
+        if not isinstance(data, dict):
+            raise InputError("training domain must be a JSON object")
+
+        def names(v: Any) -> bool:
+            return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+        def count(v: Any) -> bool:
+            # bool is an int in Python; a JSON true is no count
+            return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+        rules = {"devices": (names, "a list of strings"), "families": (names, "a list of strings"),
+                 "max_num_devices": (count, "a whole number >= 1"), "n_runs": (count, "a whole number >= 1")}
+        for key, (ok, what) in rules.items():
+            if key not in data:
+                raise InputError(f"training domain lacks key {key!r}")
+            if not ok(data[key]):
+                raise InputError(f"training domain: {key!r} must be {what}, got {data[key]!r}")
+        return cls(tuple(sorted(set(data["devices"]))), tuple(sorted(set(data["families"]))),
+                   data["max_num_devices"], data["n_runs"])
 
 
 class ConformalInterval:
     """Split-conformal interval on ``log(measured / predicted)`` (scikit-learn style: ``fit`` returns self).
+
+    Learned state: ``quantiles_`` (in-domain pairs per device-class group, :meth:`fit`), ``domain_``
+    (the :class:`TrainingDomain`, or None), ``novelty_`` (pairs per out-of-domain class,
+    :meth:`fit_novelty`; empty until then) and ``n_calibration_``.
 
     Args:
         coverage: target share of measured times inside the interval (0.9 = 90 %).
@@ -69,12 +211,15 @@ class ConformalInterval:
         """Constructor arguments (scikit-learn convention)."""
         return {"coverage": self.coverage, "min_group_size": self.min_group_size}
 
-    def fit(self, pred_ms: Any, true_ms: Any, group: Optional[Any] = None) -> "ConformalInterval":
+    def fit(self, pred_ms: Any, true_ms: Any, group: Optional[Any] = None,
+            domain: Optional[TrainingDomain] = None) -> "ConformalInterval":
         """Calibrate on held-out predictions ``pred_ms`` of measured times ``true_ms``.
 
         Args:
             pred_ms, true_ms: positive times of the same runs.
             group: optional label per run (Mondrian calibration).
+            domain: the point model's :class:`TrainingDomain`; with it :meth:`interval_for_specs`
+                tells novel runs from in-domain ones. Refitting forgets earlier novelty quantiles.
         """
         import numpy as np
 
@@ -85,52 +230,110 @@ class ConformalInterval:
         g = np.full(len(r), POOLED, dtype=object) if group is None else np.asarray(group, dtype=object)
         if len(g) != len(r):
             raise InputError(f"group ({len(g)}) and predictions ({len(r)}) differ in length")
-        lo_level, hi_level = (1 - self.coverage) / 2, (1 + self.coverage) / 2
         self.quantiles_: dict[str, dict] = {}
         labels = [POOLED] + sorted({str(x) for x in g} - {POOLED})
         for label in labels:
             sel = r if label == POOLED else r[np.asarray([str(x) == label for x in g])]
             if label != POOLED and len(sel) < self.min_group_size:
                 continue
-            self.quantiles_[label] = {"log_lower": min(conformal_quantile(sel, lo_level), 0.0),
-                                      "log_upper": max(conformal_quantile(sel, hi_level), 0.0), "n": int(len(sel))}
+            self.quantiles_[label] = conformal_log_bounds(sel, self.coverage)
         self.n_calibration_ = int(len(r))
+        self.domain_ = domain
+        self.novelty_: dict[str, dict] = {}
+        return self
+
+    def fit_novelty(self, log_ratios: dict, calibrated_on: Optional[dict] = None) -> "ConformalInterval":
+        """Calibrate the out-of-domain classes on leave-domain-out residuals.
+
+        Args:
+            log_ratios: novelty class (:data:`NOVELTY_CLASSES`) → ``log(measured / predicted)`` of runs
+                predicted by models that never saw that kind of run (see
+                :func:`learnedperf.models.evaluate.novelty_residuals`). Classes left out keep the
+                in-domain quantiles.
+            calibrated_on: novelty class → JSON-compatible provenance (splits, counts) kept in
+                :meth:`to_dict`.
+        """
+        import numpy as np
+
+        self._check_fitted()
+        novelty = {}
+        for cls, r in log_ratios.items():
+            if cls not in NOVELTY_CLASSES:
+                raise InputError(f"unknown novelty class {cls!r}; known: {', '.join(NOVELTY_CLASSES)}")
+            r = np.asarray(r, dtype=float)
+            if not np.isfinite(r).all():
+                raise InputError(f"novelty class {cls!r}: log ratios must be finite")
+            novelty[cls] = {**conformal_log_bounds(r, self.coverage),
+                            "calibrated_on": (calibrated_on or {}).get(cls, {})}
+        self.novelty_ = novelty
         return self
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "quantiles_"):
             raise InputError("ConformalInterval is not fitted: call fit() or from_dict() first")
 
-    def bounds(self, group: Optional[str] = None) -> tuple[float, float]:
-        """``(log_lower, log_upper)`` of ``group`` (the pooled pair if the group has none)."""
+    def bounds(self, group: Optional[str] = None, novelty: str = IN_DOMAIN) -> tuple[float, float]:
+        """``(log_lower, log_upper)`` of ``group`` (the pooled pair if the group has none); for an
+        out-of-domain ``novelty`` class, widened to that class's pair where it has one (never narrowed)."""
         self._check_fitted()
         q = self.quantiles_.get(str(group)) if group is not None else None
         q = q or self.quantiles_[POOLED]
-        return q["log_lower"], q["log_upper"]
+        if novelty != IN_DOMAIN and novelty not in NOVELTY_CLASSES:
+            raise InputError(f"unknown novelty class {novelty!r}; known: {IN_DOMAIN}, {', '.join(NOVELTY_CLASSES)}")
+        nov = self.novelty_.get(novelty)
+        if nov is None:
+            return q["log_lower"], q["log_upper"]
+        return min(q["log_lower"], nov["log_lower"]), max(q["log_upper"], nov["log_upper"])
 
-    def interval(self, pred_ms: Any, group: Optional[Any] = None):
-        """``(lower_ms, upper_ms)`` arrays for predictions ``pred_ms`` (optionally with groups)."""
+    def interval(self, pred_ms: Any, group: Optional[Any] = None, novelty: Optional[Any] = None):
+        """``(lower_ms, upper_ms)`` arrays for predictions ``pred_ms`` (optionally with a group and a
+        novelty class per prediction; see :meth:`bounds`)."""
         import numpy as np
 
         p = np.asarray(pred_ms, dtype=float)
-        if group is None:
+        if group is None and novelty is None:  # one pair for all (a scalar prediction too)
             lo, hi = self.bounds(None)
             return p * math.exp(lo), p * math.exp(hi)
-        g = np.asarray(group, dtype=object)
-        if len(g) != len(p):
-            raise InputError(f"group ({len(g)}) and predictions ({len(p)}) differ in length")
-        b = np.asarray([self.bounds(x) for x in g], dtype=float).reshape(-1, 2)
+        g = np.full(len(p), None, dtype=object) if group is None else np.asarray(group, dtype=object)
+        v = np.full(len(p), IN_DOMAIN, dtype=object) if novelty is None else np.asarray(novelty, dtype=object)
+        for name, arr in (("group", g), ("novelty", v)):
+            if len(arr) != len(p):
+                raise InputError(f"{name} ({len(arr)}) and predictions ({len(p)}) differ in length")
+        b = np.asarray([self.bounds(x, n) for x, n in zip(g, v)], dtype=float).reshape(-1, 2)
         return p * np.exp(b[:, 0]), p * np.exp(b[:, 1])
+
+    def novelties(self, specs: Any) -> list:
+        """Novelty class of each :class:`~learnedperf.specs.RunSpec` (all :data:`IN_DOMAIN` without a domain)."""
+        self._check_fitted()
+        if self.domain_ is None:
+            return [IN_DOMAIN] * len(specs)
+        return [self.domain_.novelty(s) for s in specs]
+
+    def interval_for_specs(self, pred_ms: Any, specs: Any):
+        """``(lower_ms, upper_ms)`` arrays for predictions ``pred_ms`` of the runs ``specs`` (RunSpecs):
+        the device-class group and, with a fitted domain, the novelty class of each run come from the run."""
+        from ..data.records import domain_columns
+        from .dataset import device_class
+
+        specs = list(specs)
+        # the device type, as the records' interval_group reads it (a synthetic device: its base)
+        groups = [device_class(domain_columns(s)["device_type"]) for s in specs]
+        return self.interval(pred_ms, groups, self.novelties(specs))
 
     def to_dict(self) -> dict:
         """JSON-compatible state (for a checkpoint manifest)."""
         self._check_fitted()
         return {"method": "split-conformal on log(measured/predicted)", **self.get_params(),
-                "n_calibration": self.n_calibration_, "quantiles": self.quantiles_}
+                "n_calibration": self.n_calibration_, "quantiles": self.quantiles_,
+                "domain": None if self.domain_ is None else self.domain_.to_dict(), "novelty": self.novelty_}
 
     @classmethod
     def from_dict(cls, data: Any) -> "ConformalInterval":
-        """Inverse of :meth:`to_dict`; a malformed dict raises :class:`InputError` naming the key."""
+        """Inverse of :meth:`to_dict`; a malformed dict raises :class:`InputError` naming the key.
+
+        Dicts written before the training domain existed (no ``domain``, no ``novelty``) load as an
+        interval without novelty classes.
+        """
         if not isinstance(data, dict):
             raise InputError("interval calibration must be a JSON object")
         try:
@@ -138,18 +341,31 @@ class ConformalInterval:
             quantiles = data["quantiles"]
             if not isinstance(quantiles, dict) or POOLED not in quantiles:
                 raise InputError(f"interval calibration: 'quantiles' lacks the pooled entry {POOLED!r}")
-            obj.quantiles_ = {}
-            for label, q in quantiles.items():
-                lo, hi, n = float(q["log_lower"]), float(q["log_upper"]), int(q["n"])
-                if not (math.isfinite(lo) and math.isfinite(hi) and lo <= 0.0 <= hi and n >= 1):
-                    raise InputError(f"interval calibration: group {label!r} has invalid bounds {q}")
-                obj.quantiles_[str(label)] = {"log_lower": lo, "log_upper": hi, "n": n}
+            obj.quantiles_ = {str(label): _checked_pair(f"group {label!r}", q) for label, q in quantiles.items()}
             obj.n_calibration_ = int(data["n_calibration"])
+            obj.domain_ = None
+            if data.get("domain") is not None:
+                try:
+                    obj.domain_ = TrainingDomain.from_dict(data["domain"])
+                except InputError as exc:
+                    raise InputError(f"interval calibration: {exc}") from None
+            novelty = data.get("novelty") or {}
+            if not isinstance(novelty, dict):
+                raise InputError("interval calibration: 'novelty' must be a JSON object")
+            obj.novelty_ = {}
+            for label, q in novelty.items():
+                if label not in NOVELTY_CLASSES:
+                    raise InputError(f"interval calibration: 'novelty' has an unknown class {label!r}")
+                obj.novelty_[label] = {**_checked_pair(f"novelty class {label!r}", q),
+                                       "calibrated_on": q.get("calibrated_on", {})}
+        except InputError:
+            raise  # already names the key (an InputError is a ValueError: keep it from the clause below)
         except KeyError as exc:
             raise InputError(f"interval calibration lacks key {exc}") from None
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, AttributeError) as exc:
             raise InputError(f"interval calibration: bad value ({exc})") from None
         return obj
 
 
-__all__ = ["ConformalInterval", "POOLED", "conformal_quantile"]
+__all__ = ["ConformalInterval", "IN_DOMAIN", "NOVELTY_CLASSES", "POOLED", "TrainingDomain", "conformal_log_bounds",
+           "conformal_quantile", "novelty_of_split"]

@@ -19,7 +19,10 @@ best of):
 
 Every method gets a split-conformal 90 % interval calibrated on measured runs it did not
 train on: ``calibration_fraction`` of the measured training runs (whole strategy groups,
-chosen by hash) are held back from the GNN and used only for calibration.
+chosen by hash) are held back from the GNN and used only for calibration. The interval also
+records the :class:`~learnedperf.models.intervals.TrainingDomain` of the measured runs the
+model learned from, so that a novel run can get a wider interval
+(:meth:`~learnedperf.models.intervals.ConformalInterval.fit_novelty`).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import Any, Optional
 
 from ..errors import InputError
 from .dataset import Runs, interval_group, strategy_group
-from .intervals import ConformalInterval
+from .intervals import ConformalInterval, TrainingDomain
 
 METHODS = ("formula", "simulator", "simulator+ops", "gnn_direct", "gnn_residual", "gnn_residual+ops")
 """Methods in the order the evaluation reports them."""
@@ -157,12 +160,15 @@ class IterationModel:
         self.n_train_ = int(train.sum())
         self.n_train_measured_ = int((train & measured).sum())
         self.interval_ = ConformalInterval(self.coverage)
-        if calib.any():
-            sub = runs.subset(calib)
-            self.interval_.fit(self.predict_point(sub), sub.records["iteration_time_ms"].to_numpy(dtype=float),
-                               interval_group(sub.records))
-        else:
+        if not calib.any():
             raise InputError("no measured training runs to calibrate the interval on")
+        # the domain is that of the measured runs the point model learned from (for the simulator
+        # methods: every measured run); a device only among the held-back runs counts as unseen
+        trained = train & measured
+        domain = TrainingDomain.from_records(runs.records[trained]) if trained.any() else None
+        sub = runs.subset(calib)
+        self.interval_.fit(self.predict_point(sub), sub.records["iteration_time_ms"].to_numpy(dtype=float),
+                           interval_group(sub.records), domain=domain)
         return self
 
     def predict_point(self, runs: Runs):
@@ -178,10 +184,12 @@ class IterationModel:
         return np.asarray(self._base_ms(runs), dtype=float)
 
     def predict(self, runs: Runs):
-        """``(point_ms, lower_ms, upper_ms)`` numpy arrays for ``runs``."""
+        """``(point_ms, lower_ms, upper_ms)`` numpy arrays for ``runs`` (the interval of a novel run is
+        widened where :meth:`~learnedperf.models.intervals.ConformalInterval.fit_novelty` was called)."""
         self._check("interval_")
         p = self.predict_point(runs)
-        lo, hi = self.interval_.interval(p, interval_group(runs.records))
+        # the same device-class groups as interval_group(runs.records), read from the specs as a Predictor does
+        lo, hi = self.interval_.interval_for_specs(p, runs.specs)
         return p, lo, hi
 
     def _check(self, attr: str) -> None:

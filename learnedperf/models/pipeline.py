@@ -111,9 +111,15 @@ def data_description(data_dir: str | Path) -> dict:
 
 
 def fit_model(data_dir: str | Path, method: str, gnn_params: Optional[dict] = None, client: Any = None,
-              limit_simulated: Optional[int] = None, seed: int = 0, progress: bool = False
-              ) -> tuple[IterationModel, dict]:
-    """Fit ``method`` on every usable run of ``data_dir``; return the model and its training-data description."""
+              limit_simulated: Optional[int] = None, seed: int = 0, progress: bool = False,
+              evaluation: Optional[dict] = None) -> tuple[IterationModel, dict]:
+    """Fit ``method`` on every usable run of ``data_dir``; return the model and its training-data description.
+
+    With ``evaluation`` (a report of :func:`run_evaluation`), the interval's out-of-domain classes are
+    calibrated on the report's leave-domain-out predictions of ``method``
+    (:func:`~learnedperf.models.evaluate.novelty_residuals`); a report without predictions of
+    ``method`` leaves them uncalibrated, which the description says.
+    """
     op_reg = fit_op_regressor(None, client=client, seed=seed) if needs_ops(method) else None
     runs = _loader(data_dir, progress, limit_simulated)(op_reg)
     model = IterationModel(method, gnn_params=gnn_params, op_regressor=op_reg, seed=seed).fit(runs)
@@ -121,6 +127,15 @@ def fit_model(data_dir: str | Path, method: str, gnn_params: Optional[dict] = No
     rec = runs.records
     desc["used"] = {"runs": len(runs), "by_origin": {str(k): int(v) for k, v in rec["origin"].value_counts().items()},
                     "dropped": dict(runs.dropped), "calibration_runs": model.interval_.n_calibration_}
+    if evaluation is not None:
+        from .evaluate import novelty_residuals
+
+        log_ratios, calibrated_on = novelty_residuals(evaluation, method)
+        model.interval_.fit_novelty(log_ratios, calibrated_on)
+        # which evaluation the novel-run intervals rest on (the per-class splits are in the interval itself)
+        desc["used"]["novelty_calibration"] = {
+            "evaluation_dataset_manifest_sha256": (evaluation.get("data") or {}).get("dataset_manifest_sha256"),
+            "method": method, "residuals": {c: len(r) for c, r in log_ratios.items()}}
     if op_reg is not None:
         desc["op_regressor"] = {"trained_with": getattr(op_reg, "trained_with_", "local")}
     return model, desc

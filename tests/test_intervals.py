@@ -1,0 +1,212 @@
+"""Novelty-aware conformal intervals: the training domain, leave-domain-out quantiles, JSON state."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from learnedperf.data.records import DOMAIN_COLUMNS, spec_columns
+from learnedperf.errors import InputError
+from learnedperf.models.evaluate import novelty_residuals
+from learnedperf.models.intervals import (IN_DOMAIN, NOVELTY_CLASSES, ConformalInterval, TrainingDomain,
+                                          conformal_log_bounds, novelty_of_split)
+from learnedperf.specs import RunSpec
+
+A100_8 = {"model": "gpt3-1.3b", "hardware": {"cluster": "dgx-a100", "num_devices": 8}}
+
+#: an interval dict as checkpoints wrote it before the training domain existed
+OLD_FORMAT = {"coverage": 0.9, "method": "split-conformal on log(measured/predicted)", "min_group_size": 30,
+              "n_calibration": 216,
+              "quantiles": {"*": {"log_lower": -0.159, "log_upper": 0.149, "n": 216},
+                            "accelerator": {"log_lower": -0.127, "log_upper": 0.082, "n": 190}}}
+
+
+def spec(model: str = "gpt3-1.3b", cluster: str = "dgx-a100", num_devices: int = 8) -> RunSpec:
+    return RunSpec.from_dict({"model": model, "hardware": {"cluster": cluster, "num_devices": num_devices}})
+
+
+@pytest.fixture(scope="module")
+def domain() -> TrainingDomain:
+    """Measured training runs: GPT and BERT on A100s, up to 8 devices."""
+    return TrainingDomain.from_records(pd.DataFrame({"device_type": ["A100-SXM4-80GB"] * 3,
+                                                     "arch": ["gpt", "bert", "gpt"], "num_devices": [2, 8, 4]}))
+
+
+@pytest.mark.parametrize("model, cluster, num_devices, expected", [
+    ("gpt3-1.3b", "dgx-a100", 8, IN_DOMAIN),
+    ("bert-large", "dgx-a100", 2, IN_DOMAIN),
+    ("gpt3-1.3b", "dgx-a100", 16, "unseen_scale"),
+    ("llama-2-7b", "dgx-a100", 8, "unseen_family"),
+    ("gpt3-1.3b", "dgx-h100", 8, "unseen_device"),
+    # several at once: device before family before scale
+    ("llama-2-7b", "dgx-h100", 64, "unseen_device"),
+    ("llama-2-7b", "dgx-a100", 64, "unseen_family"),
+])
+def test_novelty_classification(domain, model, cluster, num_devices, expected):
+    assert domain.novelty(spec(model, cluster, num_devices)) == expected
+
+
+def test_domain_reads_the_record_columns_of_the_evaluation_splits(domain):
+    """A domain built from records (spec_columns) puts those very runs in-domain; a synthetic device
+    counts as its catalog base, as the records' device_type does."""
+    specs = [spec(), spec("bert-large", num_devices=2)]
+    records = pd.DataFrame([spec_columns(s, {"i": i}) for i, s in enumerate(specs)])
+    built = TrainingDomain.from_records(records)
+    assert [built.novelty(s) for s in specs] == [IN_DOMAIN, IN_DOMAIN]
+    assert built.families == ("bert", "gpt") and built.max_num_devices == 8 and built.n_runs == 2
+    assert built.device_classes == ("accelerator",)
+    device = spec().hardware.device.to_dict()
+    device["name"] = "synthetic-A100-SXM4-80GB-3"
+    synthetic = RunSpec.from_dict({"model": "gpt3-1.3b", "hardware": {"device": device, "num_devices": 8,
+                                                                      "devices_per_node": 8}})
+    assert domain.novelty(synthetic) == IN_DOMAIN
+    with pytest.raises(InputError, match="device_type"):
+        TrainingDomain.from_records(records.drop(columns=["device_type"]))
+    assert set(DOMAIN_COLUMNS) <= set(records.columns)
+
+
+def test_novelty_of_split():
+    assert novelty_of_split("unseen_device:CPU") == "unseen_device"
+    assert novelty_of_split("unseen_family") == "unseen_family"
+    assert novelty_of_split("unseen_scale") == "unseen_scale"
+    assert novelty_of_split("unseen_strategy") is None and novelty_of_split("random") is None
+
+
+def _fitted(domain=None) -> ConformalInterval:
+    """In-domain quantiles exactly ±0.1 (cpu group ±0.5): 19 residuals per group, ranks 1 and 19."""
+    r_acc, r_cpu = np.linspace(-0.1, 0.1, 19), np.linspace(-0.5, 0.5, 19)
+    pred = np.full(38, 100.0)
+    true = pred * np.exp(np.r_[r_acc, r_cpu])
+    return ConformalInterval(0.9, min_group_size=10).fit(pred, true, ["accelerator"] * 19 + ["cpu"] * 19,
+                                                         domain=domain)
+
+
+def test_novelty_quantiles_follow_the_rank_formula():
+    # n = 99, coverage 0.9: upper rank ceil(100 * 0.95) = 95, lower rank floor(100 * 0.05) = 5
+    r = (np.arange(1, 100) - 50) / 100.0
+    rng = np.random.default_rng(0)
+    ci = _fitted().fit_novelty({"unseen_family": rng.permutation(r)}, {"unseen_family": {"splits": {"s": 99}}})
+    q = ci.novelty_["unseen_family"]
+    assert q["log_lower"] == pytest.approx(-0.45) and q["log_upper"] == pytest.approx(0.45) and q["n"] == 99
+    assert q["calibrated_on"] == {"splits": {"s": 99}}
+    assert ci.bounds("accelerator", "unseen_family") == (pytest.approx(-0.45), pytest.approx(0.45))
+    # n = 19: the ranks are the extremes
+    assert conformal_log_bounds(np.linspace(-0.3, 0.2, 19), 0.9) == {"log_lower": pytest.approx(-0.3),
+                                                                     "log_upper": pytest.approx(0.2), "n": 19}
+    with pytest.raises(InputError, match="unseen_weather"):
+        ci.fit_novelty({"unseen_weather": r})
+
+
+def test_novelty_never_narrows_the_device_class_pair():
+    ci = _fitted().fit_novelty({"unseen_scale": np.linspace(-0.2, 0.2, 19)})
+    assert ci.bounds("accelerator", "unseen_scale") == (pytest.approx(-0.2), pytest.approx(0.2))
+    assert ci.bounds("cpu", "unseen_scale") == (pytest.approx(-0.5), pytest.approx(0.5))  # cpu is wider already
+    assert ci.bounds("accelerator", "unseen_device") == ci.bounds("accelerator")  # class not calibrated
+    with pytest.raises(InputError, match="novelty class"):
+        ci.bounds("cpu", "unseen_moon")
+
+
+def test_interval_for_specs_widens_novel_runs(domain):
+    ci = _fitted(domain).fit_novelty({"unseen_device": np.linspace(-0.3, 0.6, 19), "unseen_scale": np.zeros(19)})
+    specs = [spec(), spec(cluster="dgx-h100"), spec(num_devices=16)]
+    assert ci.novelties(specs) == [IN_DOMAIN, "unseen_device", "unseen_scale"]
+    lo, hi = ci.interval_for_specs([100.0] * 3, specs)
+    assert lo[0] == pytest.approx(100 * math.exp(-0.1)) and hi[0] == pytest.approx(100 * math.exp(0.1))
+    assert lo[1] == pytest.approx(100 * math.exp(-0.3)) and hi[1] == pytest.approx(100 * math.exp(0.6))
+    # zero residuals: the in-domain pair stays
+    assert lo[2] == pytest.approx(lo[0]) and hi[2] == pytest.approx(hi[0])
+    # without a domain every run is in-domain: the device-class behaviour
+    no_domain = _fitted().fit_novelty({"unseen_device": np.linspace(-0.3, 0.6, 19)})
+    lo2, hi2 = no_domain.interval_for_specs([100.0] * 3, specs)
+    assert np.allclose(lo2, lo[0]) and np.allclose(hi2, hi[0])
+
+
+def test_round_trip(domain):
+    ci = _fitted(domain).fit_novelty({"unseen_family": np.linspace(-0.4, 0.3, 30)},
+                                     {"unseen_family": {"splits": {"unseen_family": 30}, "fallback": False}})
+    again = ConformalInterval.from_dict(json.loads(json.dumps(ci.to_dict())))
+    assert again.domain_ == domain
+    assert again.novelty_ == ci.novelty_ and again.quantiles_ == ci.quantiles_
+    assert again.to_dict() == ci.to_dict()
+    specs = [spec("llama-2-7b"), spec()]
+    assert np.allclose(again.interval_for_specs([50.0, 50.0], specs), ci.interval_for_specs([50.0, 50.0], specs))
+
+
+def test_old_format_still_loads():
+    ci = ConformalInterval.from_dict(OLD_FORMAT)
+    assert ci.domain_ is None and ci.novelty_ == {}
+    lo, hi = ci.interval_for_specs([100.0], [spec("llama-2-7b", "dgx-h100", 64)])
+    assert lo[0] == pytest.approx(100 * math.exp(-0.127)) and hi[0] == pytest.approx(100 * math.exp(0.082))
+    assert ConformalInterval.from_dict(ci.to_dict()).to_dict() == ci.to_dict()
+
+
+def _with(key: str, value) -> dict:
+    good = _fitted(TrainingDomain(("A100-SXM4-80GB",), ("gpt",), 8, 3)).fit_novelty(
+        {"unseen_scale": np.linspace(-0.2, 0.2, 19)}).to_dict()
+    part, _, field = key.partition(".")
+    if field:
+        good[part] = dict(good[part], **{field: value}) if value is not None else \
+            {k: v for k, v in good[part].items() if k != field}
+    else:
+        good[part] = value
+    return good
+
+
+@pytest.mark.parametrize("bad, match", [
+    (_with("domain.families", None), "lacks key 'families'"),
+    (_with("domain.devices", "A100"), "'devices' must be a list of strings"),
+    (_with("domain.max_num_devices", "eight"), "max_num_devices"),
+    (_with("domain.n_runs", 0), "n_runs"),
+    (_with("domain", ["A100"]), "training domain must be a JSON object"),
+    (_with("novelty", {"unseen_weather": {"log_lower": -0.1, "log_upper": 0.1, "n": 3}}), "unseen_weather"),
+    (_with("novelty", {"unseen_scale": {"log_lower": -0.1, "n": 3}}), "unseen_scale.*lacks key 'log_upper'"),
+    (_with("novelty", {"unseen_scale": {"log_lower": 0.1, "log_upper": 0.2, "n": 3}}), "invalid bounds"),
+    (_with("novelty", [1, 2]), "'novelty' must be a JSON object"),
+])
+def test_malformed_dicts_name_the_key(bad, match):
+    with pytest.raises(InputError, match=match):
+        ConformalInterval.from_dict(bad)
+
+
+def test_novelty_residuals_pool_splits_and_fall_back():
+    def rows(split, method, pairs):
+        return [{"split": split, "method": method, "predicted_ms": p, "measured_ms": m} for p, m in pairs]
+
+    report = {"predictions": rows("unseen_device:A", "m", [(10, 20)] * 3) + rows("unseen_device:B", "m", [(10, 5)])
+              + rows("unseen_family", "m", [(10, 10)] * 2) + rows("random", "m", [(10, 99)])
+              + rows("unseen_scale", "other", [(10, 30)])}
+    ratios, calibrated_on = novelty_residuals(report, "m")
+    assert set(ratios) == set(NOVELTY_CLASSES)
+    assert sorted(ratios["unseen_device"]) == pytest.approx([math.log(0.5)] + [math.log(2)] * 3)
+    assert calibrated_on["unseen_device"] == {"splits": {"unseen_device:A": 3, "unseen_device:B": 1},
+                                              "fallback": False}
+    # no unseen_scale split for method m: every unseen split is pooled, never the in-domain 'random' one
+    assert calibrated_on["unseen_scale"]["fallback"] and len(ratios["unseen_scale"]) == 6
+    _, cal = novelty_residuals(report, "m", leave_out=("unseen_device:A",))
+    assert cal["unseen_device"]["splits"] == {"unseen_device:B": 1}
+    assert novelty_residuals(report, "absent") == ({}, {})
+    with pytest.raises(InputError, match="predicted_ms"):
+        novelty_residuals({"predictions": [{"split": "unseen_family", "method": "m", "measured_ms": 1.0}]}, "m")
+    with pytest.raises(InputError, match="unseen_family"):
+        novelty_residuals({"predictions": rows("unseen_family", "m", [(-1.0, 2.0)])}, "m")
+
+
+def test_iteration_model_records_the_measured_training_domain():
+    """The simulator method on hand-made runs: the domain holds the measured runs only."""
+    from learnedperf.models.dataset import Runs
+    from learnedperf.models.iteration import IterationModel
+
+    specs = [spec(num_devices=n) for n in (2, 4, 8)] + [spec("llama-2-7b", "dgx-h100", 64)]
+    records = pd.DataFrame([spec_columns(s, {"i": i}) for i, s in enumerate(specs)])
+    records["source"] = ["measured"] * 3 + ["simulated"]
+    records["iteration_time_ms"] = [100.0, 110.0, 90.0, 50.0]
+    n = len(specs)
+    runs = Runs(records, specs, [None] * n, [{}] * n, np.full(n, 100.0))
+    model = IterationModel("simulator").fit(runs)
+    dom = model.interval_.domain_
+    assert dom == TrainingDomain(("A100-SXM4-80GB",), ("gpt",), 8, 3)
+    assert model.interval_.novelties(specs) == [IN_DOMAIN] * 3 + ["unseen_device"]
