@@ -8,6 +8,8 @@ A checkpoint is a directory::
     op_regressor/op_time_model.json its sidecar (feature schema, sha256)
     gnn/gnn.safetensors           the GNN's state_dict (safetensors: tensors only, no pickle)
     gnn/gnn.json                  its hyperparameters and normalisation
+    surrogate/*.txt               the fast tier's LightGBM models (time, breakdown shares)
+    surrogate/surrogate.json      their sidecar: run feature schema, fidelity, sha256
 
 :func:`load_checkpoint` refuses, with one :class:`~learnedperf.errors.InputError` naming
 the file and the problem, a checkpoint that is missing a file, whose file's sha256
@@ -33,6 +35,7 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 OP_DIR = "op_regressor"
 GNN_DIR = "gnn"
+SURROGATE_DIR = "surrogate"
 
 
 def default_checkpoint_dir() -> Path:
@@ -107,7 +110,7 @@ def save_checkpoint(directory: str | Path, model: Any, training_data: dict, metr
         raise InputError(f"{directory}: not empty and not a checkpoint; refusing to write into it")
     directory.mkdir(parents=True, exist_ok=True)
     # an older checkpoint's parts go first: a component the new method does not use must not stay listed
-    for old in (directory / MANIFEST, directory / OP_DIR, directory / GNN_DIR):
+    for old in (directory / MANIFEST, directory / OP_DIR, directory / GNN_DIR, directory / SURROGATE_DIR):
         if old.is_dir():
             shutil.rmtree(old)
         elif old.exists():
@@ -136,11 +139,48 @@ def save_checkpoint(directory: str | Path, model: Any, training_data: dict, metr
         "training_data": training_data, "metrics": metrics or {}, "notes": list(notes or []),
         "files": _files(directory),
     }
+    return _write_manifest(directory, manifest)
+
+
+def _write_manifest(directory: Path, manifest: dict) -> Path:
     path = directory / MANIFEST
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     tmp.replace(path)
     return path
+
+
+def add_surrogate(directory: str | Path, surrogate: Any, fidelity: dict) -> Path:
+    """Add (or replace) the fast tier's surrogate of the checkpoint in ``directory``.
+
+    Args:
+        surrogate: a fitted :class:`~learnedperf.models.surrogate.SurrogateRegressor`.
+        fidelity: its agreement with the full tier on held-out distilled runs; must hold
+            ``log_lower`` <= 0 <= ``log_upper`` (conformal quantiles of log(full / surrogate)),
+            which widen the fast tier's interval.
+
+    Returns:
+        the manifest path (its file list and sha256 updated).
+    """
+    import math
+    import shutil
+
+    from .features.run import RUN_FEATURE_SCHEMA
+
+    directory = Path(directory)
+    manifest = load_json_file(directory / MANIFEST)
+    lo, hi = fidelity.get("log_lower"), fidelity.get("log_upper")
+    if not (isinstance(lo, float) and isinstance(hi, float) and math.isfinite(lo) and math.isfinite(hi)
+            and lo <= 0.0 <= hi):
+        raise InputError(f"surrogate fidelity needs finite log_lower <= 0 <= log_upper, got {lo!r}, {hi!r}")
+    if (directory / SURROGATE_DIR).exists():
+        shutil.rmtree(directory / SURROGATE_DIR)
+    surrogate.save(directory / SURROGATE_DIR, extra={"fidelity": fidelity})
+    manifest["components"]["surrogate"] = SURROGATE_DIR
+    manifest["feature_schema"]["run"] = RUN_FEATURE_SCHEMA.to_dict()
+    manifest["surrogate_fidelity"] = fidelity
+    manifest["files"] = _files(directory)
+    return _write_manifest(directory, manifest)
 
 
 @dataclass
@@ -155,6 +195,8 @@ class Checkpoint:
         op_regressor: the :class:`~learnedperf.models.gbdt.OpTimeRegressor`, or None.
         gnn: the :class:`~learnedperf.models.gnn.GNNRegressor`, or None.
         formula_mfu: the fitted MFU of the ``formula`` method, or None.
+        surrogate: the fast tier's :class:`~learnedperf.models.surrogate.SurrogateRegressor`, or None.
+        surrogate_bounds: ``(log_lower, log_upper)`` of log(full / surrogate) on held-out runs.
     """
 
     path: Path
@@ -164,6 +206,8 @@ class Checkpoint:
     op_regressor: Any = None
     gnn: Any = None
     formula_mfu: Optional[float] = None
+    surrogate: Any = None
+    surrogate_bounds: tuple[float, float] = (0.0, 0.0)
 
     @property
     def source(self) -> str:
@@ -222,6 +266,15 @@ def load_checkpoint(path: str | Path | None = None) -> Checkpoint:
         from .models.gnn import GNNRegressor
 
         ckpt.gnn = GNNRegressor.load(path / comps["gnn"])
+    if "surrogate" in comps:
+        from .models.surrogate import SurrogateRegressor
+
+        ckpt.surrogate, meta = SurrogateRegressor.load(path / comps["surrogate"])
+        fid = meta.get("fidelity") if isinstance(meta.get("fidelity"), dict) else {}
+        lo, hi = fid.get("log_lower"), fid.get("log_upper")
+        if not (isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and lo <= 0.0 <= hi):
+            raise InputError(f"{path / comps['surrogate']}: surrogate fidelity bounds missing or invalid")
+        ckpt.surrogate_bounds = (float(lo), float(hi))
     from .models.iteration import GNN_METHODS, needs_ops
 
     if needs_ops(method) and ckpt.op_regressor is None:
@@ -231,5 +284,5 @@ def load_checkpoint(path: str | Path | None = None) -> Checkpoint:
     return ckpt
 
 
-__all__ = ["Checkpoint", "FORMAT", "FORMAT_VERSION", "default_checkpoint_dir", "library_versions", "load_checkpoint",
+__all__ = ["Checkpoint", "FORMAT", "FORMAT_VERSION", "add_surrogate", "default_checkpoint_dir", "library_versions", "load_checkpoint",
            "save_checkpoint"]

@@ -4,7 +4,11 @@ Commands:
 
 * ``learnedperf simulate`` — run the discrete-event simulator on one run or a batch;
 * ``learnedperf predict`` — the same arguments, answered by a learned checkpoint
-  (default ``checkpoints/default``; ``source`` names the checkpoint and its method);
+  (default ``checkpoints/default``; ``source`` names the checkpoint, its method and the
+  tier: ``--tier fast``, the default, or ``--tier full``);
+* ``learnedperf search`` — enumerate the valid strategies of a model on a cluster and print
+  the fastest that fit in memory;
+* ``learnedperf serve`` — the HTTP service (127.0.0.1 by default);
 * ``learnedperf train`` — fit a method on a data set and write a checkpoint;
 * ``learnedperf evaluate`` — compare the methods on the held-out splits of a data set;
 * ``learnedperf measure`` — measure this machine (operators, collectives, training steps);
@@ -28,6 +32,7 @@ are imported by the commands that use them.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -36,12 +41,16 @@ from typing import Any, Callable, Optional, TextIO
 from . import __version__
 from .errors import InputError, LearnedPerfError
 from .io import dumps_line, open_input, open_output, read_records
+from .predict import error_text as _error_text
 
 SIMULATOR_SOURCE = "simulator"
 """``source`` of ``learnedperf simulate`` answers."""
 
 
 _PROGRESS_EVERY = 1000
+#: Lines a batch answers at once: large enough for the fast tier's vectorised path, small enough
+#: that output streams and memory stays bounded on endless input.
+_CHUNK_LINES = 2048
 
 # flag dest -> key of the run format's "strategy" object
 _STRATEGY_FLAGS = {
@@ -139,7 +148,47 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "predict":
             p.add_argument("--checkpoint", metavar="DIR",
                            help="checkpoint directory (default: checkpoints/default of the repository)")
+            p.add_argument("--tier", choices=("fast", "full"),
+                           help="fast: the checkpoint's surrogate (default); full: the simulator and the learned "
+                                "model (default with --trace)")
         p.set_defaults(handler=handler)
+
+    p = sub.add_parser("search", help="rank the valid strategies of a model on a cluster",
+                       description="Enumerate every valid strategy (tp, pp, dp, cp, ep, micro-batch, schedule, "
+                                   "recompute, ZeRO, sequence parallelism) of a model on a cluster, keep those "
+                                   "that fit in memory, screen them with the fast tier, re-score the best with the "
+                                   "full tier and print them ranked with intervals.")
+    m = p.add_argument_group("what to place")
+    m.add_argument("--model", metavar="NAME", help="catalog model")
+    m.add_argument("--seq-length", type=_positive_int, metavar="N", help="sequence length (default: the model's)")
+    m.add_argument("--cluster", metavar="NAME", help="catalog cluster, e.g. dgx-a100")
+    m.add_argument("--device", metavar="NAME", help="catalog device (default: the cluster's)")
+    m.add_argument("--num-devices", type=_positive_int, metavar="N")
+    m.add_argument("--devices-per-node", type=_positive_int, metavar="N")
+    m.add_argument("--run", metavar="FILE.json", help="model and hardware from a run file (its strategy is ignored)")
+    c = p.add_argument_group("constraints")
+    c.add_argument("--global-batch-size", type=_positive_int, metavar="N", help="sequences per iteration (required)")
+    c.add_argument("--constraints", metavar="JSON", help="more constraints as a JSON object, e.g. "
+                                                          "'{\"max_tp\": 8, \"recompute\": [\"none\"]}'")
+    c.add_argument("--precision", choices=("fp32", "tf32", "bf16", "fp16", "fp8"), help="default bf16")
+    o = p.add_argument_group("output")
+    o.add_argument("--top", type=_positive_int, default=10, metavar="N", help="strategies to print (default 10)")
+    o.add_argument("--format", choices=("table", "json"), default="table")
+    o.add_argument("--checkpoint", metavar="DIR", help="checkpoint directory (default: checkpoints/default)")
+    p.set_defaults(handler=_cmd_search)
+
+    p = sub.add_parser("serve", help="serve predictions over HTTP (FastAPI)",
+                       description="Serve /predict, /predict/batch, /search and /health over HTTP with the "
+                                   "checkpoint; the OpenAPI schema is at /openapi.json.")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--checkpoint", metavar="DIR", help="checkpoint directory (default: checkpoints/default)")
+    p.add_argument("--max-batch", type=_positive_int, default=10000, metavar="N", help="runs per batch request")
+    p.add_argument("--max-body-bytes", type=_positive_int, default=8 * 1024 * 1024, metavar="N",
+                   help="largest request body (default 8 MiB)")
+    p.add_argument("--allow-remote", action="store_true",
+                   help="allow a non-loopback --host (the service has no authentication)")
+    p.set_defaults(handler=_cmd_serve)
 
     p = sub.add_parser("train", help="fit a method on a data set and write a checkpoint",
                        description="Fit one method (or the one an evaluation report favours) on every usable run "
@@ -149,8 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, metavar="DIR", help="checkpoint directory to write")
     p.add_argument("--method", default="auto", metavar="NAME",
                    help="method to ship, or 'auto': the lowest mean MAPE over the unseen splits of --evaluation")
-    p.add_argument("--evaluation", metavar="REPORT.json", help="report of 'learnedperf evaluate' (for --method auto; "
-                                                                "its tables are copied into the manifest)")
+    p.add_argument("--evaluation", metavar="REPORT.json", help="report of 'learnedperf evaluate': picks --method auto, "
+                                                                "calibrates intervals of novel runs, and its tables "
+                                                                "are copied into the manifest")
+    p.add_argument("--surrogate-runs", type=int, default=20000, metavar="N",
+                   help="sampled runs labelled by the trained model to distil the fast tier's surrogate "
+                        "(default 20000; 0: no surrogate, the checkpoint answers tier 'full' only)")
     _add_model_arguments(p)
     p.set_defaults(handler=_cmd_train)
 
@@ -276,13 +329,7 @@ def _run_from_args(args: argparse.Namespace, prog: str) -> dict:
     if args.model is not None:
         run["model"] = args.model
     if args.seq_length is not None:
-        model = run.get("model")
-        if isinstance(model, str):
-            from .catalog import get_model
-
-            model = get_model(model)
-        if isinstance(model, dict):  # anything else is reported by RunSpec
-            run["model"] = {**model, "seq_length": args.seq_length}
+        run["model"] = _with_seq_length(run.get("model"), args.seq_length)
 
     for key, flags, mapping in (("hardware", _HARDWARE_FLAGS, _HARDWARE_FLAGS),
                                 ("strategy", _STRATEGY_FLAGS, _STRATEGY_FLAGS)):
@@ -296,44 +343,81 @@ def _run_from_args(args: argparse.Namespace, prog: str) -> dict:
 
 
 # ---------------------------------------------------------------- answering
-Answer = Callable[[Any, bool], tuple[dict, Any]]
+Answer = Callable[[Any, bool], tuple[dict, Any, Any]]
+Batch = Callable[[list], list]
 
 
-def _answerer(command: str, checkpoint: Optional[str] = None) -> tuple[Answer, str]:
-    """The function that answers one run for ``command``, and the ``source`` it reports.
+def _tier(args: argparse.Namespace) -> str:
+    """The tier of ``learnedperf predict``: --tier, else full with --trace (it needs the simulation), else fast."""
+    tier = getattr(args, "tier", None)
+    if tier is None:
+        return "full" if getattr(args, "trace", None) else "fast"
+    if tier == "fast" and getattr(args, "trace", None):
+        raise UsageError("learnedperf predict: error: --trace needs --tier full (the fast tier does not simulate)")
+    return tier
+
+
+def _answerer(command: str, checkpoint: Optional[str] = None, tier: str = "full") -> tuple[Answer, Batch]:
+    """How ``command`` answers one run — ``(prediction, RunSpec, SimResult or None)`` — and a batch
+    of ``(line number, decoded item or InputError)`` pairs — ``[(output object, ok)]``.
 
     ``simulate`` answers with the simulator; ``predict`` with the checkpoint (default
-    ``checkpoints/default``), loaded and verified once. The function returns
-    ``(prediction, SimResult)``.
+    ``checkpoints/default``), loaded and verified once, in ``tier``.
     """
     if command == "predict":
         from .predict import Predictor
 
         predictor = Predictor.load(checkpoint)
-        return predictor.predict_with_result, predictor.source
+        # the loaded models live as long as the process: keep the cyclic collector from re-scanning
+        # them (torch's heap) on every collection while a batch decodes and answers many lines
+        gc.freeze()
+
+        def answer(run: Any, trace: bool = False) -> tuple[dict, Any, Any]:
+            if tier == "full":
+                pred, result = predictor.predict_with_result(run, trace)
+                return pred, result.run, result
+            from .specs import RunSpec
+
+            spec = RunSpec.from_dict(run)
+            return predictor.predict(spec, tier="fast"), spec, None
+
+        def batch(items: list) -> list:
+            good = [(k, item) for k, (_n, item) in enumerate(items) if not isinstance(item, InputError)]
+            preds = predictor.predict_many([item for _k, item in good], tier=tier, errors="return")
+            out: list = [None] * len(items)
+            for (k, _item), pred in zip(good, preds):
+                out[k] = pred
+            return [_line_output(line_no, item, out[k]) for k, (line_no, item) in enumerate(items)]
+
+        return answer, batch
 
     from .simulate import simulate
     from .specs import RunSpec
 
-    def answer(run: Any, trace: bool = False) -> tuple[dict, Any]:
+    def answer(run: Any, trace: bool = False) -> tuple[dict, Any, Any]:
         result = simulate(RunSpec.from_dict(run), trace=trace)
-        return result.to_prediction(source=SIMULATOR_SOURCE), result
+        return result.to_prediction(source=SIMULATOR_SOURCE), result.run, result
 
-    return answer, SIMULATOR_SOURCE
+    def batch(items: list) -> list:
+        return [_answer_line(answer, line_no, item) for line_no, item in items]
+
+    return answer, batch
 
 
-def _error_text(exc: BaseException) -> str:
-    """One line describing why a run failed."""
-    if isinstance(exc, (LearnedPerfError, ValueError)):
-        text = " ".join(str(exc).split())
-        return text or type(exc).__name__
-    if isinstance(exc, (KeyError, TypeError)):
-        return f"{type(exc).__name__}: {exc}"
-    return f"internal error: {type(exc).__name__}: {exc}"
+def _line_output(line_no: int, item: Any, pred: Optional[dict]) -> tuple[dict, bool]:
+    """The output object of batch line ``line_no`` from predict_many's answer (errors name the line)."""
+    if isinstance(item, InputError):
+        return {"error": str(item), "line": line_no}, False
+    if pred is None or "error" not in pred:
+        return pred, True
+    out: dict[str, Any] = {"error": f"line {line_no}: {pred['error']}", "line": line_no}
+    if "id" in pred:
+        out["id"] = pred["id"]
+    return out, False
 
 
 def _answer_line(answer: Answer, line_no: int, item: Any) -> tuple[dict, bool]:
-    """Predict one batch line; return ``(output object, ok)``. Never raises for bad input."""
+    """Simulate one batch line; return ``(output object, ok)``. Never raises for bad input."""
     if isinstance(item, InputError):
         return {"error": str(item), "line": line_no}, False
     try:
@@ -351,9 +435,8 @@ def _ms(value: float) -> str:
     return f"{value:,.1f} ms" if abs(value) >= 10 else f"{value:.3f} ms"
 
 
-def _table(pred: dict, result: Any) -> str:
-    """A readable rendering of one prediction (plain ASCII)."""
-    run = result.run
+def _table(pred: dict, run: Any) -> str:
+    """A readable rendering of one prediction of the RunSpec ``run`` (plain ASCII)."""
     s, hw = run.strategy, run.hardware
     where = f" ({hw.cluster})" if hw.cluster else ""
     knobs = [f"tp {s.tp}", f"pp {s.pp}", f"dp {s.dp}"]
@@ -432,8 +515,8 @@ def _single(args: argparse.Namespace, command: str, prog: str) -> int:
     """One run from --run / flags."""
     try:
         run = _run_from_args(args, prog)
-        answer, _ = _answerer(command, getattr(args, "checkpoint", None))
-        pred, result = answer(run, bool(args.trace))
+        answer, _ = _answerer(command, getattr(args, "checkpoint", None), _tier(args))
+        pred, spec, result = answer(run, bool(args.trace))
     except UsageError:
         raise
     except Exception as exc:  # noqa: BLE001 - one clear line, never a traceback
@@ -446,7 +529,7 @@ def _single(args: argparse.Namespace, command: str, prog: str) -> int:
     fmt = args.format or ("table" if args.output == "-" else "json")
     out = _open_output(args.output)
     try:
-        out.write(_table(pred, result) if fmt == "table" else dumps_line(pred))
+        out.write(_table(pred, spec) if fmt == "table" else dumps_line(pred))
         out.flush()
     finally:
         if out is not sys.stdout:
@@ -466,7 +549,7 @@ def _batch(args: argparse.Namespace, command: str, prog: str) -> int:
     except InputError as exc:
         raise UsageError(f"{prog}: error: {exc}") from None
     try:
-        answer, _ = _answerer(command, getattr(args, "checkpoint", None))
+        _, batch = _answerer(command, getattr(args, "checkpoint", None), _tier(args))
     except LearnedPerfError as exc:
         if stream is not sys.stdin:
             stream.close()
@@ -476,13 +559,22 @@ def _batch(args: argparse.Namespace, command: str, prog: str) -> int:
     total = failed = 0
     out = _open_output(args.output)
     try:
-        for line_no, item in read_records(stream):
-            record, ok = _answer_line(answer, line_no, item)
-            out.write(dumps_line(record))
-            total += 1
-            failed += not ok
-            if progress and total % _PROGRESS_EVERY == 0:
-                print(f"\r{prog}: {total:,} runs ({failed:,} failed)", end="", file=sys.stderr, flush=True)
+        chunk: list = []
+        records = read_records(stream)
+        while True:
+            item = next(records, None)
+            if item is not None:
+                chunk.append(item)
+            if chunk and (item is None or len(chunk) >= _CHUNK_LINES):
+                for record, ok in batch(chunk):
+                    out.write(dumps_line(record))
+                    failed += not ok
+                total += len(chunk)
+                chunk = []
+                if progress:
+                    print(f"\r{prog}: {total:,} runs ({failed:,} failed)", end="", file=sys.stderr, flush=True)
+            if item is None:
+                break
         out.flush()
     except UnicodeDecodeError as exc:
         raise UsageError(f"{prog}: error: {args.input}: not UTF-8 text ({exc.reason})") from None
@@ -752,7 +844,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     client = _dask_client(args, prog)
     try:
         model, data = fit_model(args.data, method, gnn_params=gnn, client=client, limit_simulated=args.limit_simulated,
-                                seed=args.seed, progress=args.progress)
+                                seed=args.seed, progress=args.progress, evaluation=report)
         metrics: dict[str, Any] = {"chosen_by": chosen_by}
         if means is not None:
             metrics["mean_unseen_mape_by_method"] = means
@@ -762,6 +854,15 @@ def _cmd_train(args: argparse.Namespace) -> int:
                                                                        "coverage")}
         save_checkpoint(args.out, model, data, metrics)
         load_checkpoint(args.out)  # what was written must verify
+        if args.surrogate_runs > 0:
+            from .checkpoint import add_surrogate
+            from .predict import Predictor, distil_surrogate
+
+            surrogate, fidelity = distil_surrogate(Predictor.load(args.out), n=args.surrogate_runs, seed=args.seed,
+                                                   progress=args.progress and sys.stderr.isatty(),
+                                                   log=lambda line: print(line, file=sys.stderr))
+            add_surrogate(args.out, surrogate, fidelity)
+            load_checkpoint(args.out)
     except LearnedPerfError as exc:
         print(f"{prog}: error: {_error_text(exc)}", file=sys.stderr)
         return 1
@@ -769,10 +870,91 @@ def _cmd_train(args: argparse.Namespace) -> int:
         if client is not None:
             client.close()
     per_group = ", ".join(f"{g}: n={v['n']}" for g, v in model.interval_.to_dict()["quantiles"].items())
+    novel = ", ".join(f"{c}: n={v['n']}" for c, v in model.interval_.novelty_.items()) or "none"
     print(f"wrote checkpoint {args.out}: method {method} ({chosen_by}); {model.n_train_} training runs "
           f"({model.n_train_measured_} measured); interval calibrated on {model.interval_.n_calibration_} measured "
-          f"runs ({per_group})")
+          f"runs ({per_group}); novel runs on leave-domain-out residuals ({novel})")
     return 0
+
+
+def _cmd_search(args: argparse.Namespace) -> int:
+    """``learnedperf search``: the fastest valid strategies that fit, as a ranked table or JSON."""
+    prog = "learnedperf search"
+    base: dict[str, Any] = _load_run_file(args.run) if args.run else {}
+    if not isinstance(base, dict):
+        raise UsageError(f"{prog}: error: --run {args.run}: a run must be a JSON object")
+    model = args.model or base.get("model")
+    hardware = dict(base.get("hardware") or {})
+    hardware.update({key: getattr(args, dest) for dest, key in _HARDWARE_FLAGS.items()
+                     if getattr(args, dest) is not None})
+    if model is None or not hardware:
+        raise UsageError(f"{prog}: error: give --model and --cluster/--device with --num-devices (or --run FILE.json)")
+    constraints: dict[str, Any] = {}
+    if args.constraints:
+        try:
+            constraints = json.loads(args.constraints)
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"{prog}: error: --constraints: invalid JSON ({exc.msg})") from None
+        if not isinstance(constraints, dict):
+            raise UsageError(f"{prog}: error: --constraints must be a JSON object")
+    if args.global_batch_size:
+        constraints["global_batch_size"] = args.global_batch_size
+    if args.precision:
+        constraints["precision"] = args.precision
+    try:
+        from .predict import Predictor
+
+        if args.seq_length:
+            model = _with_seq_length(model, args.seq_length)
+        result = Predictor.load(args.checkpoint).search(model, hardware, constraints, top=args.top)
+    except LearnedPerfError as exc:
+        print(f"{prog}: error: {_error_text(exc)}", file=sys.stderr)
+        return 1
+    if args.format == "json":
+        sys.stdout.write(dumps_line(result))
+        return 0
+    print(f"{result['model']} on {result['num_devices']} x {result['device']}: {result['candidates']:,} candidate "
+          f"strategies, {result['valid']:,} valid, {result['fit_in_memory']:,} fit in memory; best "
+          f"{result['rescored']} re-scored with the full model ({result['elapsed_ms'] / 1e3:.1f} s)")
+    if not result["results"]:
+        print("no strategy fits in memory under these constraints")
+        return 1
+    head = ("#", "tp", "pp", "dp", "cp", "ep", "mbs", "schedule", "recompute", "zero", "sp", "time ms",
+            "90% interval ms", "mem GiB", "MFU", "P(fastest)")
+    rows = []
+    for r in result["results"]:
+        s = r["strategy"]
+        sched = s["pipeline_schedule"] + (f"x{s['virtual_pipeline_stages']}" if s["virtual_pipeline_stages"] > 1
+                                          else "") if s["pp"] > 1 else "-"
+        lo, hi = r["interval_ms"]
+        rows.append((str(r["rank"]), str(s["tp"]), str(s["pp"]), str(s["dp"]), str(s["cp"]), str(s["ep"]),
+                     str(s["micro_batch_size"]), sched, s["recompute"], str(s["zero_stage"]),
+                     "y" if s["sequence_parallel"] else "n", f"{r['iteration_time_ms']:,.1f}",
+                     f"{lo:,.1f}-{hi:,.1f}", f"{r['peak_memory_GiB']:.1f}", f"{100 * r['mfu']:.1f}%",
+                     f"{r['p_fastest']:.2f}"))
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
+    for row in (head, *rows):
+        print("  ".join(v.rjust(w) for v, w in zip(row, widths)).rstrip())
+    print(f"source: {result['source']}; P(fastest): {result['confidence_note']}")
+    return 0
+
+
+def _with_seq_length(model: Any, seq_length: int) -> Any:
+    """``model`` (a catalog name or inline dict) with another sequence length; anything else unchanged
+    (run validation reports it)."""
+    if isinstance(model, str):
+        from .catalog import get_model
+
+        model = get_model(model)
+    return {**model, "seq_length": seq_length} if isinstance(model, dict) else model
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    """``learnedperf serve``: the HTTP service (blocks until interrupted)."""
+    from .service import serve
+
+    return serve(host=args.host, port=args.port, checkpoint=args.checkpoint, max_batch=args.max_batch,
+                 max_body_bytes=args.max_body_bytes, allow_remote=args.allow_remote)
 
 
 def _cmd_catalog(args: argparse.Namespace) -> int:

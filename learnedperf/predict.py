@@ -1,7 +1,17 @@
-"""The predictor: one run in the DESIGN.md format in, one prediction object out, from a checkpoint.
+"""The predictor: runs in the DESIGN.md format in, prediction objects out, from a checkpoint.
 
-:meth:`Predictor.load` verifies a checkpoint (default ``checkpoints/default``) and
-:meth:`Predictor.predict` answers with its method:
+:meth:`Predictor.load` verifies a checkpoint (default ``checkpoints/default``). Every
+answer comes from one of two **tiers**:
+
+* ``"full"`` — the checkpoint's method, 5-15 ms a run (steps below);
+* ``"fast"`` — its surrogate (:mod:`learnedperf.models.surrogate`), distilled from the
+  full tier, ~100 µs a run in a batch: peak memory exactly as the simulator computes it
+  (:func:`~learnedperf.simulate.memory.peak_memory_of`), the time and breakdown shares
+  from LightGBM over closed-form run features, the interval widened by the surrogate's
+  measured disagreement with the full tier. This is what :meth:`Predictor.predict_many`,
+  :meth:`Predictor.rank` and the screening pass of :meth:`Predictor.search` use.
+
+The full tier:
 
 1. the simulator runs the run on the checkpoint's cost model (the fitted roofline, or the
    checkpoint's learned operator costs) — it gives memory, ``fits_in_memory`` and the breakdown;
@@ -10,8 +20,8 @@
    (``breakdown_scale`` says by how much);
 3. the 90 % interval comes from the checkpoint's conformal calibration on held-out measured runs.
 
-``source`` names the checkpoint and method; ``simulator_iteration_time_ms`` keeps the
-simulator's own answer.
+``source`` names the checkpoint, method and tier; ``simulator_iteration_time_ms`` keeps the
+simulator's own answer (full tier).
 """
 
 from __future__ import annotations
@@ -19,7 +29,26 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-from .errors import InputError
+from .errors import InputError, LearnedPerfError
+
+TIERS = ("fast", "full")
+"""Answer tiers: the surrogate, or the checkpoint's full method (see module docstring)."""
+
+
+def _check_tier(tier: Any) -> str:
+    if tier not in TIERS:
+        raise InputError(f"tier: must be one of {', '.join(TIERS)}, got {tier!r}")
+    return tier
+
+
+def error_text(exc: BaseException) -> str:
+    """One line saying why a run failed (the field and the problem for invalid input)."""
+    if isinstance(exc, (LearnedPerfError, ValueError)):
+        text = " ".join(str(exc).split())
+        return text or type(exc).__name__
+    if isinstance(exc, (KeyError, TypeError)):
+        return f"{type(exc).__name__}: {exc}"
+    return f"internal error: {type(exc).__name__}: {exc}"
 
 
 class Predictor:
@@ -30,7 +59,11 @@ class Predictor:
     """
 
     def __init__(self, checkpoint: Any):
+        from .specs.run import SpecCache
+
         self.checkpoint = checkpoint
+        self._specs = SpecCache()
+        self._contexts: dict[tuple[int, int], Any] = {}
 
     @classmethod
     def load(cls, path: Optional[str | Path] = None) -> "Predictor":
@@ -44,13 +77,242 @@ class Predictor:
         """The ``source`` of this predictor's answers."""
         return self.checkpoint.source
 
-    def predict(self, run: Any) -> dict:
+    def predict(self, run: Any, tier: str = "fast") -> dict:
         """The prediction object of ``run`` (a run-format dict or a :class:`RunSpec`).
 
         Raises:
-            SpecError / InputError: the run is invalid (the message names the field).
+            SpecError / InputError: the run is invalid (the message names the field), or the
+                tier is unknown or the checkpoint has no surrogate for ``tier="fast"``.
         """
-        return self.predict_with_result(run)[0]
+        if _check_tier(tier) == "full":
+            return self.predict_with_result(run)[0]
+        return self.predict_many([run], tier="fast")[0]
+
+    def predict_many(self, runs: Any, tier: str = "fast", errors: str = "raise") -> list[dict]:
+        """Prediction objects of ``runs`` (run-format dicts or RunSpecs), in order.
+
+        Args:
+            runs: an iterable of runs.
+            tier: ``"fast"`` (the surrogate, vectorised) or ``"full"``.
+            errors: ``"raise"`` raises on the first invalid run; ``"return"`` puts
+                ``{"error": message, "index": i}`` (with the run's ``id`` when it has one) in
+                its place and answers the rest.
+        """
+        import gc
+
+        _check_tier(tier)
+        if errors not in ("raise", "return"):
+            raise InputError(f"errors: must be 'raise' or 'return', got {errors!r}")
+        # a batch allocates many short-lived acyclic objects; with torch loaded the heap is large and
+        # the cyclic collector's passes over it cost more than the batch itself (measured: parsing
+        # 60 -> 11 µs a run), so it pauses for the batch (a long-running process should also call
+        # gc.freeze() once after loading, as the CLI and the service do)
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return self._predict_many(list(runs), tier, errors)
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+
+    def _predict_many(self, runs: list, tier: str, errors: str) -> list[dict]:
+        from .specs import RunSpec
+
+        out: list[Any] = [None] * len(runs)
+        specs: list[Any] = []
+        where: list[int] = []
+        for i, run in enumerate(runs):
+            try:
+                spec = run if isinstance(run, RunSpec) else RunSpec.from_dict(run, self._specs)
+                if tier == "full":
+                    out[i] = self.predict_with_result(spec)[0]
+                else:
+                    specs.append(spec)
+                    where.append(i)
+            except Exception as exc:  # noqa: BLE001 - one run's failure is that run's answer
+                if errors == "raise":
+                    raise
+                out[i] = self._error(i, run, exc)
+        if specs:
+            for i, pred in zip(where, self._fast(specs, errors == "raise")):
+                out[i] = pred if not isinstance(pred, BaseException) else self._error(i, runs[i], pred)
+        return out
+
+    # ------------------------------------------------------------------ planners
+    def rank(self, model: Any, hardware: Any, strategies: Any, tier: str = "fast") -> list[dict]:
+        """Rank ``strategies`` (run-format strategy dicts) of one model on one hardware, fastest first.
+
+        Runs that fit in memory come first, by predicted time; then those that do not; then invalid
+        strategies with their error. Each entry: ``rank`` (1-based, None for invalid), ``strategy`` (as
+        given), and ``prediction`` or ``error``.
+        """
+        strategies = list(strategies)
+        preds = self.predict_many([{"model": model, "hardware": hardware, "strategy": s} for s in strategies],
+                                  tier=tier, errors="return")
+        entries = [{"strategy": s, **({"error": p["error"]} if "error" in p else {"prediction": p})}
+                   for s, p in zip(strategies, preds)]
+        ok = sorted((e for e in entries if "prediction" in e),
+                    key=lambda e: (not e["prediction"]["fits_in_memory"], e["prediction"]["iteration_time_ms"]))
+        for k, e in enumerate(ok):
+            e["rank"] = k + 1
+        return ok + [{"rank": None, **e} for e in entries if "error" in e]
+
+    def search(self, model: Any, hardware: Any, constraints: Optional[dict] = None, top: int = 10,
+               rescore: Optional[int] = None) -> dict:
+        """The ``top`` fastest valid strategies of ``model`` on ``hardware`` that fit in memory.
+
+        Every strategy :func:`enumerate_strategies` yields under ``constraints`` is checked and
+        screened with the fast tier; the ``rescore`` best (default ``max(3·top, 20)``) are predicted
+        again with the full tier and ranked on it. ``confidence`` says how sure the ranking is:
+        for each result the probability that it is the fastest of the re-scored ones, and that it
+        beats the next one, if every prediction's error were independent and log-normal with the
+        spread of its 90 % interval (errors shared by similar strategies cancel in a comparison,
+        so this is conservative).
+
+        Raises:
+            InputError / SpecError: bad model, hardware or constraint (the message names it).
+        """
+        import math
+        import time
+
+        t0 = time.perf_counter()
+        if not isinstance(top, int) or isinstance(top, bool) or not 1 <= top <= 1000:
+            raise InputError(f"top: must be an integer in 1..1000, got {top!r}")
+        if rescore is None:
+            rescore = max(3 * top, 20)
+        model_spec, hw_spec = self._specs.model(model), self._specs.hardware(hardware)
+        cons, cands = enumerate_strategies(model_spec, hw_spec, constraints)
+        headroom = cons["memory_headroom_GiB"]
+        runs = [{"model": model, "hardware": hardware, "strategy": s} for s in cands]
+        fast = self.predict_many(runs, tier="fast", errors="return")
+        valid = [(s, p) for s, p in zip(cands, fast) if "error" not in p]
+        fits = [(s, p) for s, p in valid if p["peak_memory_GiB"] <= hw_spec.device.memory_GiB - headroom]
+        fits.sort(key=lambda sp: sp[1]["iteration_time_ms"])
+        shortlist = fits[:rescore]
+        full = self.predict_many([{"model": model, "hardware": hardware, "strategy": s} for s, _ in shortlist],
+                                 tier="full", errors="return")
+        scored = [(s, f, p) for (s, f), p in zip(shortlist, full) if "error" not in p]
+        scored.sort(key=lambda x: x[2]["iteration_time_ms"])
+        p_best, p_next = _ranking_confidence([p for _s, _f, p in scored])
+        results = []
+        for k, (s, f, p) in enumerate(scored[:top]):
+            results.append({"rank": k + 1, "strategy": s, "iteration_time_ms": p["iteration_time_ms"],
+                            "interval_ms": p["interval_ms"], "fast_iteration_time_ms": f["iteration_time_ms"],
+                            "peak_memory_GiB": p["peak_memory_GiB"], "tokens_per_second": p["tokens_per_second"],
+                            "mfu": p["mfu"], "p_fastest": p_best[k], "p_faster_than_next": p_next[k],
+                            "prediction": p})
+        return {"model": model_spec.name, "device": hw_spec.device.name, "num_devices": hw_spec.num_devices,
+                "constraints": cons, "candidates": len(cands), "valid": len(valid), "fit_in_memory": len(fits),
+                "rescored": len(scored), "results": results, "source": self.source,
+                "confidence_note": "p_fastest / p_faster_than_next assume independent log-normal errors with "
+                                   "each interval's spread",
+                "elapsed_ms": (time.perf_counter() - t0) * 1e3,
+                "best_fast_ms": fits[0][1]["iteration_time_ms"] if fits else math.nan}
+
+    @staticmethod
+    def _error(index: int, run: Any, exc: BaseException) -> dict:
+        out: dict[str, Any] = {"error": error_text(exc), "index": index}
+        run_id = run.get("id", run.get("run_id")) if isinstance(run, dict) else getattr(run, "id", None)
+        if run_id is not None:
+            out["id"] = str(run_id)
+        return out
+
+    # ------------------------------------------------------------------ fast tier
+    def _context(self, spec: Any) -> Any:
+        """The :class:`~learnedperf.features.run.RunContext` of a run's (model, hardware), cached.
+
+        Keyed by object identity: :class:`~learnedperf.specs.run.SpecCache` hands out one object
+        per distinct input, and the context keeps its objects alive so an id is never reused.
+        """
+        from .features.run import RunContext
+
+        key = (id(spec.model), id(spec.hardware))
+        ctx = self._contexts.get(key)
+        if ctx is None:
+            if len(self._contexts) >= 1024:
+                self._contexts.pop(next(iter(self._contexts)))
+            ctx = self._contexts[key] = RunContext(spec.model, spec.hardware)
+        return ctx
+
+    def _fast(self, specs: list, raise_errors: bool) -> list:
+        """Fast-tier predictions of valid RunSpecs (an exception object in place of a run that fails)."""
+        import math
+
+        import numpy as np
+
+        from .features.run import run_features, run_stage_loads
+        from .models.surrogate import BREAKDOWN_PARTS
+        from .simulate import SIMULATOR_VERSION
+        from .simulate.memory import peak_memory_of
+        from .units import GiB
+
+        ck = self.checkpoint
+        if ck.surrogate is None:
+            raise InputError(f"checkpoint {ck.path.name}: has no surrogate for tier 'fast' (retrain it with "
+                             "'learnedperf train', or use tier 'full')")
+        rows, analytic, mems, ctxs, ok = [], [], [], [], []
+        out: list[Any] = [None] * len(specs)
+        for i, spec in enumerate(specs):
+            try:
+                ctx = self._context(spec)
+                loads = run_stage_loads(spec, ctx)
+                mem = peak_memory_of(spec, loads)
+                x, at = run_features(spec, ctx, mem.total / GiB, loads)
+            except Exception as exc:  # noqa: BLE001 - e.g. a link bandwidth the run needs and nobody gave
+                if raise_errors:
+                    raise
+                out[i] = exc
+                continue
+            rows.append(x)
+            analytic.append(at.total_s)
+            mems.append(mem)
+            ctxs.append(ctx)
+            ok.append(i)
+        if not ok:
+            return out
+        X = np.asarray(rows, dtype=float)
+        times = ck.surrogate.predict(X, analytic)
+        shares = ck.surrogate.predict_shares(X)
+        valid = [specs[i] for i in ok]
+        lo, hi = ck.interval.interval_for_specs(times, valid)
+        lo, hi = lo * math.exp(ck.surrogate_bounds[0]), hi * math.exp(ck.surrogate_bounds[1])
+        source = ck.source + ":fast"
+        for j, i in enumerate(ok):
+            spec, t_ms, mem = specs[i], float(times[j]), mems[j]
+            s, hw = spec.strategy, spec.hardware
+            t_s = t_ms / 1e3
+            peak = hw.device.peak_tflops.get(s.precision) or hw.device.peak_tflops.fp32
+            tflops = ctxs[j].flops_per_seq * s.global_batch_size / t_s / hw.num_devices / 1e12
+            mem_gib = mem.total / GiB
+            pred: dict[str, Any] = {
+                "iteration_time_ms": t_ms,
+                "tokens_per_second": s.global_batch_size * spec.model.seq_length / t_s,
+                "samples_per_second": s.global_batch_size / t_s,
+                "tflops_per_device": tflops,
+                "mfu": tflops / peak,
+                "peak_memory_GiB": mem_gib,
+                "memory_GiB": mem.to_GiB(),
+                "fits_in_memory": mem_gib <= hw.device.memory_GiB,
+                "interval_ms": [float(lo[j]), float(hi[j])],
+                "interval_coverage": ck.interval.coverage,
+                "source": source,
+                "method": ck.method,
+                "tier": "fast",
+                "simulator_version": SIMULATOR_VERSION,
+            }
+            if shares is not None:
+                bd = {p: float(shares[j, k]) * t_ms for k, p in enumerate(BREAKDOWN_PARTS)}
+                # parts a strategy cannot have are zero, not the trees' small leftovers
+                if s.recompute == "none":
+                    bd["recompute"] = 0.0
+                if s.pp == 1:
+                    bd["pipeline_bubble"] = 0.0
+                bd["compute"] = bd["forward"] + bd["backward"] + bd["recompute"]
+                pred["breakdown_ms"] = bd
+            if spec.id is not None:
+                pred["id"] = spec.id
+            out[i] = pred
+        return out
 
     def predict_with_result(self, run: Any, trace: bool = False) -> tuple[dict, Any]:
         """``(prediction, SimResult)``: the prediction and the simulator result under it."""
@@ -87,9 +349,7 @@ class Predictor:
             t = base
         if not (math.isfinite(t) and t > 0):
             raise InputError(f"checkpoint {ck.path.name}: the model produced an invalid time {t!r} for this run")
-        from .models.dataset import device_class
-
-        lo, hi = ck.interval.interval([t], [device_class(spec.hardware.device.name)])
+        lo, hi = ck.interval.interval_for_specs([t], [spec])
         scale = t / base
         pred.update({
             "iteration_time_ms": t,
@@ -103,6 +363,7 @@ class Predictor:
             "interval_ms": [float(lo[0]), float(hi[0])],
             "interval_coverage": ck.interval.coverage,
             "method": ck.method,
+            "tier": "full",
         })
         return pred, result
 
@@ -120,4 +381,224 @@ class Predictor:
         return float(ck.gnn.predict([make_sample(graph, spec, base_ms, bd, learned_time_s=nodes)])[0])
 
 
-__all__ = ["Predictor"]
+#: Search constraints, their defaults and what they mean (see :func:`enumerate_strategies`).
+SEARCH_CONSTRAINTS = {
+    "global_batch_size": (None, "sequences per iteration (required)"),
+    "precision": ("bf16", "precision of every candidate"),
+    "tp": (None, "allowed tensor-parallel sizes (default: powers of two dividing the heads)"),
+    "pp": (None, "allowed pipeline sizes (default: divisors of the devices, at most the layers)"),
+    "cp": ([1], "allowed context-parallel sizes"),
+    "ep": (None, "allowed expert-parallel sizes (MoE; default: divisors of the experts)"),
+    "micro_batch_size": ([1, 2, 4, 8], "allowed micro-batch sizes"),
+    "max_tp": (None, "largest tensor-parallel size (default: the node size)"),
+    "max_pp": (64, "largest pipeline size"),
+    "schedules": (["1f1b", "interleaved"], "pipeline schedules (gpipe, 1f1b, interleaved)"),
+    "virtual_stages": ([2, 4], "virtual stages per rank of the interleaved schedule"),
+    "recompute": (["none", "selective", "full"], "recomputation policies"),
+    "zero_stages": ([0, 1, 2, 3], "ZeRO stages (2 and 3 only without a pipeline)"),
+    "sequence_parallel": ([True, False], "sequence parallelism choices (with tp > 1)"),
+    "memory_headroom_GiB": (0.0, "memory to leave free on every device"),
+    "fixed": ({}, "other strategy fields every candidate takes as given (e.g. flash_attention, "
+                  "overlap_grad_reduce, optimizer); validated with the run"),
+    "max_candidates": (200000, "refuse a search space larger than this"),
+}
+
+
+def _int_list(name: str, value: Any) -> list[int]:
+    if not isinstance(value, list) or not value or not all(isinstance(v, int) and not isinstance(v, bool)
+                                                          and v >= 1 for v in value):
+        raise InputError(f"constraints.{name}: must be a non-empty list of positive integers, got {value!r}")
+    return sorted(set(value))
+
+
+def _check_constraints(model: Any, hw: Any, constraints: Optional[dict]) -> dict:
+    """Constraints with defaults filled in; an unknown key or a bad value raises InputError naming it."""
+    if constraints is None:
+        constraints = {}
+    if not isinstance(constraints, dict):
+        raise InputError(f"constraints: must be a JSON object, got {type(constraints).__name__}")
+    unknown = sorted(set(constraints) - set(SEARCH_CONSTRAINTS))
+    if unknown:
+        raise InputError(f"constraints.{unknown[0]}: unknown constraint (known: {', '.join(SEARCH_CONSTRAINTS)})")
+    c = {k: constraints.get(k, default) for k, (default, _what) in SEARCH_CONSTRAINTS.items()}
+    gbs = c["global_batch_size"]
+    if not isinstance(gbs, int) or isinstance(gbs, bool) or gbs < 1:
+        raise InputError(f"constraints.global_batch_size: a positive integer is required, got {gbs!r}")
+    if c["precision"] not in ("fp32", "tf32", "bf16", "fp16", "fp8"):
+        raise InputError(f"constraints.precision: unknown precision {c['precision']!r}")
+    for k in ("tp", "pp", "cp", "ep", "micro_batch_size", "virtual_stages"):
+        if c[k] is not None:
+            c[k] = _int_list(k, c[k])
+    for k in ("max_tp", "max_pp", "max_candidates"):
+        if c[k] is not None and (not isinstance(c[k], int) or isinstance(c[k], bool) or c[k] < 1):
+            raise InputError(f"constraints.{k}: must be a positive integer, got {c[k]!r}")
+    for k, allowed in (("schedules", ("gpipe", "1f1b", "interleaved")), ("recompute", ("none", "selective", "full")),
+                       ("zero_stages", (0, 1, 2, 3)), ("sequence_parallel", (True, False))):
+        v = c[k]
+        if not isinstance(v, list) or not v or any(x not in allowed or isinstance(x, bool) != isinstance(
+                allowed[0], bool) for x in v):
+            raise InputError(f"constraints.{k}: must be a non-empty list of {list(allowed)}, got {v!r}")
+    fixed = c["fixed"]
+    searched = {"tp", "pp", "dp", "cp", "ep", "micro_batch_size", "global_batch_size", "pipeline_schedule",
+                "virtual_pipeline_stages", "recompute", "zero_stage", "sequence_parallel", "precision"}
+    if not isinstance(fixed, dict) or searched & set(fixed):
+        raise InputError(f"constraints.fixed: must be an object of strategy fields the search does not vary "
+                         f"(not {sorted(searched & set(fixed)) if isinstance(fixed, dict) else fixed!r})")
+    h = c["memory_headroom_GiB"]
+    if not isinstance(h, (int, float)) or isinstance(h, bool) or not (0 <= h < hw.device.memory_GiB):
+        raise InputError(f"constraints.memory_headroom_GiB: must be in [0, {hw.device.memory_GiB}), got {h!r}")
+    if c["max_tp"] is None:
+        c["max_tp"] = hw.node_size
+    return c
+
+
+def enumerate_strategies(model: Any, hw: Any, constraints: Optional[dict] = None) -> tuple[dict, list[dict]]:
+    """The constraints (defaults filled in) and every candidate strategy of ``model`` on ``hw``.
+
+    Candidates are the products of tp (powers of two dividing the attention heads, up to
+    ``max_tp``), pp (divisors of the devices left, at most the layers), cp, dp (the rest),
+    ep (MoE), micro-batch size (dividing the batch per data-parallel rank), schedule and
+    virtual stages, recomputation, ZeRO stage and sequence parallelism. Strategies the run
+    validation rejects (e.g. interleaving that does not divide the layers) are counted by the
+    caller as invalid, not hidden.
+
+    Raises:
+        InputError: a bad constraint, or more than ``max_candidates`` candidates.
+    """
+    c = _check_constraints(model, hw, constraints)
+    n, gbs = hw.num_devices, c["global_batch_size"]
+    divisors = [d for d in range(1, n + 1) if n % d == 0]
+    tps = c["tp"] or [t for t in divisors if t & (t - 1) == 0 and model.num_attention_heads % t == 0]
+    tps = [t for t in tps if t <= c["max_tp"]]
+    out: list[dict] = []
+    for tp in tps:
+        for pp in c["pp"] or divisors:
+            if pp > c["max_pp"] or pp > model.num_layers or n % (tp * pp):
+                continue
+            for cp in c["cp"]:
+                if n % (tp * pp * cp):
+                    continue
+                dp = n // (tp * pp * cp)
+                eps = [1]
+                if model.is_moe:
+                    eps = c["ep"] or [e for e in range(1, model.num_experts + 1) if model.num_experts % e == 0]
+                    eps = [e for e in eps if (dp * cp) % e == 0]
+                for mbs in c["micro_batch_size"]:
+                    if gbs % (mbs * dp):
+                        continue
+                    pipes: list[tuple[str, int]] = [("1f1b", 1)]
+                    if pp > 1:
+                        pipes = [(sch, 1) for sch in c["schedules"] if sch != "interleaved"]
+                        if "interleaved" in c["schedules"]:
+                            pipes += [("interleaved", v) for v in c["virtual_stages"] if v >= 2]
+                    sps = [sp for sp in c["sequence_parallel"] if tp > 1 or not sp] or [False]
+                    zeros = [z for z in c["zero_stages"] if pp == 1 or z <= 1]
+                    for ep in eps:
+                        for sched, v in pipes:
+                            for rc in c["recompute"]:
+                                for z in zeros:
+                                    for sp in sps:
+                                        out.append({**c["fixed"], "tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep,
+                                                    "micro_batch_size": mbs, "global_batch_size": gbs,
+                                                    "pipeline_schedule": sched, "virtual_pipeline_stages": v,
+                                                    "recompute": rc, "zero_stage": z, "sequence_parallel": sp,
+                                                    "precision": c["precision"]})
+                                        if len(out) > c["max_candidates"]:
+                                            raise InputError(
+                                                f"constraints.max_candidates: the search space exceeds "
+                                                f"{c['max_candidates']} strategies; narrow it (e.g. tp, pp, "
+                                                f"micro_batch_size, recompute)")
+    return c, out
+
+
+def _ranking_confidence(preds: list[dict]) -> tuple[list[float], list[float]]:
+    """P(fastest) and P(faster than the next) of time-sorted predictions under independent log-normal
+    errors whose 90 % spread is each interval's (see :meth:`Predictor.search`)."""
+    import math
+
+    import numpy as np
+
+    if not preds:
+        return [], []
+    mu = np.log([p["iteration_time_ms"] for p in preds])
+    # a two-sided 90 % interval spans 2·1.645 standard deviations of a normal log error
+    sd = np.asarray([max(math.log(p["interval_ms"][1] / p["interval_ms"][0]) / (2 * 1.645), 1e-6) for p in preds])
+    rng = np.random.default_rng(0)
+    draws = mu + sd * rng.standard_normal((4000, len(preds)))
+    p_best = np.bincount(draws.argmin(axis=1), minlength=len(preds)) / len(draws)
+    # P(X_k < X_k+1) = Φ((μ_k+1 − μ_k) / sqrt(σ_k² + σ_k+1²)), Φ(z) = erfc(−z/√2) / 2
+    p_next = [float(0.5 * math.erfc(-(mu[k + 1] - mu[k]) / math.sqrt(2.0 * (sd[k] ** 2 + sd[k + 1] ** 2))))
+              if k + 1 < len(preds) else 1.0 for k in range(len(preds))]
+    return [float(x) for x in p_best], p_next
+
+
+def distil_surrogate(predictor: Predictor, n: int = 20000, seed: int = 0, holdout: float = 0.2,
+                     progress: bool = False, log: Any = lambda s: None) -> tuple[Any, dict]:
+    """Fit the fast tier's surrogate on ``n`` sampled runs labelled by ``predictor``'s full tier.
+
+    Runs come from the data set sampler (:func:`~learnedperf.data.sampler.sample_runs`, seed
+    ``seed + 1`` so they differ from a data set generated with ``seed``); a ``holdout`` share of them
+    measures the surrogate's fidelity to the full tier (MAPE, and the conformal quantiles of
+    log(full / fast) that widen fast intervals) before the final fit on all of them.
+
+    Returns:
+        ``(surrogate, fidelity)``.
+    """
+    import math
+    import time
+
+    import numpy as np
+
+    from .data.sampler import sample_runs
+    from .features.run import run_features
+    from .models.intervals import conformal_quantile
+    from .models.metrics import mape
+    from .models.surrogate import BREAKDOWN_PARTS, SurrogateRegressor
+    from .simulate.memory import peak_memory_of
+    from .specs import RunSpec
+    from .units import GiB
+
+    t0 = time.perf_counter()
+    rows, analytic, times, shares, failed = [], [], [], [], 0
+    it = sample_runs(n, seed=seed + 1)
+    if progress:
+        from tqdm import tqdm
+
+        it = tqdm(it, total=n, desc="distil", unit="run")
+    for _i, raw in it:
+        spec = RunSpec.from_dict(raw)
+        try:
+            pred = predictor.predict_with_result(spec)[0]
+        except LearnedPerfError:
+            failed += 1  # counted and reported: a run the full tier cannot answer teaches nothing
+            continue
+        x, at = run_features(spec, predictor._context(spec), peak_memory_of(spec).total / GiB)
+        t = pred["iteration_time_ms"]
+        rows.append(x)
+        analytic.append(at.total_s)
+        times.append(t)
+        shares.append([pred["breakdown_ms"].get(p, 0.0) / t for p in BREAKDOWN_PARTS])
+    label_s = time.perf_counter() - t0
+    X, a, y, S = (np.asarray(v, dtype=float) for v in (rows, analytic, times, shares))
+    if len(y) < 50:
+        raise InputError(f"distillation: only {len(y)} of {n} sampled runs could be labelled")
+    rng = np.random.default_rng(seed)
+    test = rng.random(len(y)) < holdout
+    probe = SurrogateRegressor(random_state=seed).fit(X[~test], y[~test], a[~test], S[~test])
+    fast = probe.predict(X[test], a[test])
+    r = np.log(y[test] / fast)
+    fidelity = {"n_labelled": int(len(y)), "n_failed": failed, "n_holdout": int(test.sum()),
+                "holdout_mape": round(float(mape(fast, y[test])), 3),
+                "holdout_median_ape": round(float(np.median(np.abs(fast / y[test] - 1)) * 100), 3),
+                "log_lower": min(conformal_quantile(r, 0.05), 0.0), "log_upper": max(conformal_quantile(r, 0.95), 0.0),
+                "share_mae": round(float(np.mean(np.abs(probe.predict_shares(X[test]) - S[test]))), 4),
+                "sampler_seed": seed + 1, "label_seconds": round(label_s, 1)}
+    log(f"distil: {len(y)} runs labelled in {label_s:.0f} s ({failed} failed); held-out fast vs full "
+        f"MAPE {fidelity['holdout_mape']:.2f} %, log ratio 90 % in [{fidelity['log_lower']:.3f}, "
+        f"{fidelity['log_upper']:.3f}]")
+    if not all(math.isfinite(fidelity[k]) for k in ("log_lower", "log_upper")):
+        raise InputError("distillation: the surrogate's fidelity is not finite")
+    return SurrogateRegressor(random_state=seed).fit(X, y, a, S), fidelity
+
+
+__all__ = ["Predictor", "SEARCH_CONSTRAINTS", "TIERS", "distil_surrogate", "enumerate_strategies", "error_text"]

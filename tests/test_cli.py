@@ -194,6 +194,54 @@ def test_unexpected_exception_is_that_lines_error(monkeypatch, tmp_path, capsys)
     check_prediction(second)
 
 
+def test_predict_batch_both_tiers_and_chunking(monkeypatch, tmp_path, capsys):
+    """The batch path answers in chunks through predict_many: every line, in order, across chunk edges."""
+    import learnedperf.cli as cli
+
+    monkeypatch.setattr(cli, "_CHUNK_LINES", 3)
+    src = tmp_path / "runs.jsonl"
+    items = [{**run_dict(micro_batch_size=m), "id": f"r{k}"} for k, m in enumerate((1, 2, 4, 1, 2))]
+    items.insert(2, {**run_dict(tp=3), "id": "bad"})
+    src.write_text(jsonl(*items, "not json"))
+    for tier in ("fast", "full"):
+        assert main(["predict", "--input", str(src), "--tier", tier]) == 1
+        lines = output_lines(capsys.readouterr().out)
+        assert [line.get("id") for line in lines] == ["r0", "r1", "bad", "r2", "r3", "r4", None]
+        assert lines[2]["line"] == 3 and "strategy.tp" in lines[2]["error"] and lines[6]["line"] == 7
+        for line in lines[:2] + lines[3:6]:
+            check_prediction(line)
+            assert line["tier"] == tier
+
+
+def test_trace_needs_the_full_tier(tmp_path, capsys):
+    assert main(["predict", *FLAGS, "--tier", "fast", "--trace", str(tmp_path / "t.json")]) == 2
+    assert "--tier full" in capsys.readouterr().err
+    assert main(["predict", *FLAGS, "--trace", str(tmp_path / "t.json")]) == 0  # --trace alone means full
+    assert "checkpoint:default:" in capsys.readouterr().out and (tmp_path / "t.json").is_file()
+
+
+def test_search_prints_a_ranked_table_and_json(capsys):
+    argv = ["search", "--model", MODEL, "--cluster", CLUSTER, "--num-devices", "8", "--global-batch-size", "16",
+            "--constraints", '{"recompute": ["none"], "zero_stages": [0, 1]}']
+    assert main([*argv, "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "candidate strategies" in out and "P(fastest)" in out
+    assert main([*argv, "--top", "3", "--format", "json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    times = [r["iteration_time_ms"] for r in result["results"]]
+    assert len(times) == 3 and times == sorted(times)
+    assert all(r["strategy"]["recompute"] == "none" and r["peak_memory_GiB"] <= 80 for r in result["results"])
+
+
+def test_search_bad_constraint_is_one_line(capsys):
+    assert main(["search", "--model", MODEL, "--cluster", CLUSTER, "--num-devices", "8", "--global-batch-size",
+                 "16", "--constraints", '{"tp_max": 4}']) == 1
+    err = capsys.readouterr().err
+    assert "constraints.tp_max" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert main(["search", "--model", MODEL, "--cluster", CLUSTER, "--num-devices", "8"]) == 1
+    assert "constraints.global_batch_size" in capsys.readouterr().err
+
+
 # --------------------------------------------------------------------------- usage errors
 @pytest.mark.parametrize("argv, expected", [
     (["simulate", "--input", "no/such/runs.jsonl"], "no/such/runs.jsonl"),

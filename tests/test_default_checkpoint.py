@@ -31,8 +31,10 @@ def test_manifest_describes_the_checkpoint():
     assert not [p for p in ck.path.rglob("*") if p.suffix in (".pt", ".pkl", ".pickle")]
 
 
-def test_predicts_measured_vtrain_runs(predictor):
-    """Measured Megatron runs on A100s (vTrain): the checkpoint's error stays near its reported MAPE."""
+@pytest.mark.parametrize("tier", ["full", "fast"])
+def test_predicts_measured_vtrain_runs(predictor, tier):
+    """Measured Megatron runs on A100s (vTrain): the checkpoint's error stays near its reported MAPE,
+    in both tiers."""
     from learnedperf.measure.public import vtrain_step_records
 
     try:
@@ -44,7 +46,7 @@ def test_predicts_measured_vtrain_runs(predictor):
     errors, inside = [], 0
     for i in pick:
         step = steps[int(i)]
-        pred = predictor.predict(json.loads(step["run"]))
+        pred = predictor.predict(json.loads(step["run"]), tier=tier)
         t = step["iteration_time_ms"]
         errors.append(abs(pred["iteration_time_ms"] / t - 1))
         lo, hi = pred["interval_ms"]
@@ -54,14 +56,16 @@ def test_predicts_measured_vtrain_runs(predictor):
     assert inside / len(pick) >= 0.7
 
 
-def test_prediction_object(predictor):
+@pytest.mark.parametrize("tier", ["full", "fast"])
+def test_prediction_object(predictor, tier):
     run = {"model": "gpt3-175b", "hardware": {"cluster": "dgx-a100", "num_devices": 1024},
            "strategy": {"tp": 8, "pp": 8, "micro_batch_size": 1, "global_batch_size": 1536, "recompute": "full"}}
-    pred = predictor.predict(run)
+    pred = predictor.predict(run, tier=tier)
     for key in ("iteration_time_ms", "tokens_per_second", "tflops_per_device", "mfu", "peak_memory_GiB",
-                "fits_in_memory", "breakdown_ms", "interval_ms", "source", "simulator_iteration_time_ms"):
+                "fits_in_memory", "breakdown_ms", "interval_ms", "source", "tier"):
         assert key in pred
-    assert pred["source"].startswith("checkpoint:default:")
+    assert ("simulator_iteration_time_ms" in pred) == (tier == "full")
+    assert pred["source"].startswith("checkpoint:default:") and pred["tier"] == tier
     t = pred["iteration_time_ms"]
     # throughput follows from the corrected time: global batch x sequence / time
     assert pred["tokens_per_second"] == pytest.approx(1536 * 2048 / (t / 1e3), rel=1e-9)

@@ -11,7 +11,7 @@ PKG = Path(__file__).resolve().parents[1] / "learnedperf"
 
 #: pipeline order: a module may import only stages at or before its own (plus the shared modules)
 ORDER = ["catalog", "specs", "graph", "cost", "simulate", "measure", "data", "features", "models", "checkpoint",
-         "predict", "cli", "service"]
+         "predict", "service", "cli"]
 SHARED = {"units", "errors", "io", "__init__"}
 
 

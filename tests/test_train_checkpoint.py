@@ -34,7 +34,7 @@ def data(tmp_path_factory) -> Path:
 def gnn_checkpoint(data, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("ck") / "gnn"
     assert main(["train", "--data", str(data), "--out", str(out), "--method", "gnn_residual", "--no-progress",
-                 "--limit-simulated", "20", *TINY_GNN]) == 0
+                 "--limit-simulated", "20", "--surrogate-runs", "300", *TINY_GNN]) == 0
     return out
 
 
@@ -71,16 +71,46 @@ def test_train_needs_method_or_report(data, tmp_path, capsys):
 
 def test_simulator_checkpoint_predicts_the_simulator(data, tmp_path, capsys):
     ck = tmp_path / "sim"
-    assert main(["train", "--data", str(data), "--out", str(ck), "--method", "simulator", "--no-progress"]) == 0
+    assert main(["train", "--data", str(data), "--out", str(ck), "--method", "simulator", "--no-progress",
+                 "--surrogate-runs", "0"]) == 0
     capsys.readouterr()
     run = tmp_path / "run.json"
     run.write_text(json.dumps(RUN))
-    assert main(["predict", "--checkpoint", str(ck), "--run", str(run), "--format", "json"]) == 0
+    # without a surrogate the fast tier is refused by name, not answered some other way
+    assert main(["predict", "--checkpoint", str(ck), "--run", str(run)]) == 1
+    assert "no surrogate for tier 'fast'" in capsys.readouterr().err
+    assert main(["predict", "--checkpoint", str(ck), "--run", str(run), "--format", "json", "--tier", "full"]) == 0
     pred = json.loads(capsys.readouterr().out)
     assert pred["iteration_time_ms"] == pytest.approx(simulate(RUN).iteration_time_s * 1e3, rel=1e-12)
     assert pred["source"] == f"checkpoint:{ck.name}:simulator"
     lo, hi = pred["interval_ms"]
     assert lo <= pred["iteration_time_ms"] <= hi and lo < hi
+
+
+def test_train_with_evaluation_widens_novel_runs(data, tmp_path, capsys):
+    """--evaluation: the interval's novelty classes are calibrated on the report's leave-domain-out
+    predictions of the method, say which splits they used, and widen a run beyond the training scale."""
+    from learnedperf.specs import RunSpec
+
+    report = tmp_path / "report.json"
+    assert main(["evaluate", "--data", str(data), "--methods", "simulator", "--splits", "unseen_scale",
+                 "--out", str(report), "--no-progress"]) == 0
+    ck = tmp_path / "sim"
+    assert main(["train", "--data", str(data), "--out", str(ck), "--method", "simulator", "--evaluation",
+                 str(report), "--no-progress", "--surrogate-runs", "0"]) == 0
+    assert "novel runs on leave-domain-out residuals (unseen_device: n=" in capsys.readouterr().out
+    n_test = json.loads(report.read_text())["splits"]["unseen_scale"]["test_measured"]
+    manifest = json.loads((ck / MANIFEST).read_text())
+    novelty = manifest["interval"]["novelty"]
+    assert novelty["unseen_scale"]["calibrated_on"] == {"splits": {"unseen_scale": n_test}, "fallback": False}
+    assert novelty["unseen_device"]["calibrated_on"]["fallback"] and novelty["unseen_device"]["n"] == n_test
+    assert manifest["interval"]["domain"]["max_num_devices"] == 8  # vTrain's largest measured run
+    assert manifest["training_data"]["used"]["novelty_calibration"]["residuals"]["unseen_scale"] == n_test
+    interval = load_checkpoint(ck).interval
+    specs = [RunSpec.from_dict(RUN), RunSpec.from_dict({**RUN, "hardware": {"cluster": "dgx-a100", "num_devices": 64}})]
+    assert interval.novelties(specs) == ["in_domain", "unseen_scale"]
+    (lo_in, lo_out), (hi_in, hi_out) = interval.interval_for_specs([100.0, 100.0], specs)
+    assert lo_out <= lo_in and hi_out >= hi_in
 
 
 def test_gnn_checkpoint_round_trip(gnn_checkpoint, tmp_path, capsys):
@@ -93,7 +123,8 @@ def test_gnn_checkpoint_round_trip(gnn_checkpoint, tmp_path, capsys):
     ck = load_checkpoint(gnn_checkpoint)
     run = tmp_path / "run.json"
     run.write_text(json.dumps(RUN))
-    assert main(["predict", "--checkpoint", str(gnn_checkpoint), "--run", str(run), "--format", "json"]) == 0
+    assert main(["predict", "--checkpoint", str(gnn_checkpoint), "--run", str(run), "--format", "json",
+                 "--tier", "full"]) == 0
     pred = json.loads(capsys.readouterr().out)
     sim_ms = simulate(RUN).iteration_time_s * 1e3
     assert pred["simulator_iteration_time_ms"] == pytest.approx(sim_ms, rel=1e-12)
@@ -103,6 +134,13 @@ def test_gnn_checkpoint_round_trip(gnn_checkpoint, tmp_path, capsys):
     lo, hi = pred["interval_ms"]
     assert lo <= pred["iteration_time_ms"] <= hi
     assert ck.interval.coverage == pytest.approx(0.9)
+    # the fast tier, distilled from this checkpoint's full tier: same memory, time within its fidelity bounds
+    fid = manifest["surrogate_fidelity"]
+    assert fid["n_labelled"] + fid["n_failed"] == 300 and fid["log_lower"] <= 0 <= fid["log_upper"]
+    assert main(["predict", "--checkpoint", str(gnn_checkpoint), "--run", str(run), "--format", "json"]) == 0
+    fast = json.loads(capsys.readouterr().out)
+    assert fast["source"] == pred["source"] + ":fast" and fast["peak_memory_GiB"] == pred["peak_memory_GiB"]
+    assert fast["interval_ms"][0] <= fast["iteration_time_ms"] <= fast["interval_ms"][1]
 
 
 def _copy(src: Path, tmp_path: Path) -> Path:

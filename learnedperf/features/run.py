@@ -1,0 +1,358 @@
+"""Run features without a graph: closed-form quantities of one run for the fast surrogate.
+
+The surrogate (:mod:`learnedperf.models.surrogate`) must answer thousands of runs a
+second, so it never compiles or simulates: it sees a run through
+:data:`RUN_FEATURE_SCHEMA`, a vector computed in closed form from the specs —
+
+* the model's shape, the device's data-sheet figures and the strategy's knobs;
+* an **analytic time** of the iteration (:class:`AnalyticTime`): one transformer layer's
+  forward, backward and recomputation ops on the run's shard, timed by the roofline cost
+  model (:class:`~learnedperf.cost.RooflineCost`, its blocking tensor/context/expert-parallel
+  collectives included), times the layers of a stage and the micro-batches, stretched by
+  the pipeline bubble ``(p-1)/(v·m)`` (Narayanan et al., SC21, §2.2); plus pipeline
+  transfers, the part of the gradient reduction and ZeRO traffic (the simulator's
+  collectives, timed on the same cost model) that the last backward does not hide, and
+  the optimizer step. It is the
+  simulator's critical path without the event simulation: the surrogate learns
+  ``log(time / analytic)``, a bounded correction, and the analytic scaling carries it to
+  sizes the training runs never reached.
+
+:class:`RunContext` holds what depends only on the model and hardware (FLOPs per sequence,
+parameter counts, the cost model) and caches each distinct shard's layer cost, so that a
+planner's thousands of strategies for one (model, cluster) pay for few layer costings.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from ..graph.execution import chunk_layout, group_placement, recompute_ops, stage_loads, state_bytes_per_param
+from ..graph.ops import comm
+from ..graph.transformer import (backward_of, embedding_forward, head_forward, layer_forward, operator_graph,
+                                 optimizer_ops, shard_for)
+from .ops import FeatureSchema
+
+RUN_FEATURE_SCHEMA_VERSION = 1
+"""Version of :data:`RUN_FEATURE_SCHEMA`; bumped on any change of names, order or meaning."""
+
+_ARCHS = ("gpt", "llama", "bert", "moe")
+_SCHEDULES = ("gpipe", "1f1b", "interleaved")
+_RECOMPUTE = ("none", "selective", "full")
+_PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
+_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+#: Floor of a time in seconds inside a log (1 ns): a transfer that does not happen is log(1e-9).
+_MIN_S = 1e-9
+
+
+def _features() -> tuple[tuple[str, str], ...]:
+    f: list[tuple[str, str]] = []
+    f += [("log_params", "log of the model's parameter count"),
+          ("num_layers", "transformer layers"),
+          ("log_hidden", "log hidden size"),
+          ("num_heads", "attention heads"),
+          ("kv_share", "key/value heads over attention heads (1 without GQA)"),
+          ("ffn_ratio", "ffn hidden size over hidden size"),
+          ("log_seq", "log sequence length"),
+          ("log_vocab", "log vocabulary size"),
+          ("num_experts", "experts per MoE layer (1: dense)"),
+          ("moe_top_k", "experts each token visits"),
+          ("gated_mlp", "1 with a gated (SwiGLU) MLP")]
+    f += [(f"arch={a}", f"1 if the architecture family is {a!r}") for a in _ARCHS]
+    f += [("log_peak_flops", "log peak FLOP/s of the device in the run's precision"),
+          ("log_mem_bw", "log memory bandwidth (bytes/s)"),
+          ("memory_GiB", "device memory"),
+          ("num_sms", "SMs / compute units (0 unknown)"),
+          ("l2_MiB", "L2 cache"),
+          ("clock_MHz", "clock"),
+          ("is_cpu", "1 for a CPU device (name cpu-...)"),
+          ("log_intra_bw", "log intra-node link bytes/s (NaN unknown)"),
+          ("log_inter_bw", "log inter-node link bytes/s per device (NaN unknown)"),
+          ("devices_per_node", "node size used"),
+          ("log_num_devices", "log number of devices"),
+          ("log_num_nodes", "log number of nodes")]
+    f += [("tp", "tensor-parallel size"), ("pp", "pipeline-parallel size"), ("log_dp", "log data-parallel size"),
+          ("cp", "context-parallel size"), ("ep", "expert-parallel size"),
+          ("vstages", "virtual pipeline stages per rank"), ("micro_batch_size", "sequences per micro-batch"),
+          ("log_microbatches", "log micro-batches per iteration"), ("log_global_batch", "log global batch"),
+          ("zero_stage", "ZeRO stage (FSDP counts as 3)"), ("sequence_parallel", "1 with sequence parallelism"),
+          ("flash_attention", "1 with a fused attention kernel"),
+          ("overlap_grad_reduce", "1 if gradient reduction overlaps backward"),
+          ("overlap_param_gather", "1 if ZeRO-3 gathers are prefetched"),
+          ("overlap_p2p", "1 if pipeline transfers overlap compute"),
+          ("reduce_bytes", "bytes per gradient element in the reduction"),
+          ("adam", "1 for Adam, 0 for SGD")]
+    f += [(f"schedule={s}", f"1 if the pipeline schedule is {s!r}") for s in _SCHEDULES]
+    f += [(f"recompute={r}", f"1 if recomputation is {r!r}") for r in _RECOMPUTE]
+    f += [(f"precision={p}", f"1 if the precision is {p!r}") for p in _PRECISIONS]
+    f += [("log_tokens_per_microbatch", "log tokens one rank processes per micro-batch (b·s/cp)"),
+          ("log_gemm_n", "log hidden size per tensor-parallel rank"),
+          ("log_model_flops_per_device", "log model FLOPs per device per iteration")]
+    f += [(f"log_{k}_s", f"log seconds of the analytic {what}") for k, what in (
+        ("compute", "compute of a stage's layers (roofline, recompute included) and its embedding/head"),
+        ("tp_comm", "tensor/context/expert-parallel collectives inside the layers (blocking)"),
+        ("peak_compute", "compute at peak FLOP/s (model FLOPs, one more forward with full recompute)"),
+        ("memory_bound", "memory-bound share of the layer compute, in seconds"),
+        ("pp_comm", "pipeline sends and receives"),
+        ("dp_comm", "gradient reduction and ZeRO gathers of the most loaded rank (cost model)"),
+        ("optimizer", "optimizer step of the local parameters (cost model)"),
+        ("total", "iteration (see AnalyticTime.total_s)"))]
+    f += [("bubble_fraction", "pipeline bubble over compute, (p-1)/(v·m)"),
+          ("comm_share", "analytic communication over the analytic total"),
+          ("memory_share", "peak memory over device memory")]
+    return tuple(f)
+
+
+RUN_FEATURE_SCHEMA = FeatureSchema("run", RUN_FEATURE_SCHEMA_VERSION, _features())
+"""Named, ordered features of one run (see module docstring)."""
+
+
+class RunContext:
+    """What one (model, hardware) pair contributes to every run's features, computed once.
+
+    Args:
+        model: a :class:`~learnedperf.specs.ModelSpec`.
+        hardware: a :class:`~learnedperf.specs.HardwareSpec`.
+    """
+
+    def __init__(self, model: Any, hardware: Any):
+        from ..cost import RooflineCost
+
+        self.model = model
+        self.hardware = hardware
+        self.cost = RooflineCost(hardware)
+        self.layer_costs: dict[tuple, tuple[float, ...]] = {}
+        self.comm_costs: dict[tuple, float] = {}
+        self.loads: dict[tuple, list] = {}
+        g = operator_graph(model, 1)
+        #: forward and backward FLOPs of one sequence (the MFU numerator per sequence)
+        self.flops_fwd_per_seq = g.total_flops("fwd")
+        self.flops_per_seq = self.flops_fwd_per_seq + g.total_flops("bwd")
+        m, dev = model, hardware.device
+        self.num_params = float(m.num_params())
+        self.kv_dim = m.num_kv_heads * m.head_dim
+        self.num_moe_layers = m.num_moe_layers
+        self.is_cpu = 1.0 if dev.name.lower().startswith("cpu") else 0.0
+        self.static = [math.log(self.num_params), float(m.num_layers), math.log(m.hidden_size),
+                       float(m.num_attention_heads), m.num_kv_heads / m.num_attention_heads,
+                       m.ffn_hidden_size / m.hidden_size, math.log(m.seq_length), math.log(m.vocab_size),
+                       float(m.num_experts), float(m.moe_top_k), 1.0 if m.activation == "swiglu" else 0.0]
+        self.static += [1.0 if m.arch == a else 0.0 for a in _ARCHS]
+        mem_bw_Bps = dev.memory_bandwidth_GBps * 1e9
+        self.intra_Bps = hardware.intra_node_bandwidth_GBps * 1e9 if hardware.intra_node_bandwidth_GBps else None
+        self.inter_Bps = hardware.inter_node_bandwidth_GBps * 1e9 if hardware.inter_node_bandwidth_GBps else None
+        nan = float("nan")
+        self.device_static = [math.log(mem_bw_Bps), dev.memory_GiB, float(dev.num_sms), dev.l2_cache_MiB,
+                              dev.clock_MHz, self.is_cpu,
+                              math.log(self.intra_Bps) if self.intra_Bps else nan,
+                              math.log(self.inter_Bps) if self.inter_Bps else nan,
+                              float(hardware.node_size), math.log(hardware.num_devices),
+                              math.log(hardware.num_nodes)]
+
+
+@dataclass(frozen=True, slots=True)
+class AnalyticTime:
+    """Closed-form seconds of one iteration's parts on the critical pipeline rank."""
+
+    compute_s: float  # layers (and embedding or head) of one stage, every micro-batch
+    layer_comm_s: float  # blocking collectives inside those layers
+    peak_compute_s: float  # model FLOPs per device at peak (a feature, not in the total)
+    memory_bound_s: float  # memory-bound part of compute_s (a feature)
+    pp_comm_s: float
+    dp_comm_s: float
+    optimizer_s: float
+    bubble_fraction: float
+    exposed_dp_s: float
+
+    @property
+    def total_s(self) -> float:
+        """Compute, layer collectives and pipeline transfers stretched by the bubble, plus the
+        unhidden gradient reduction and the optimizer step."""
+        busy = self.compute_s + self.layer_comm_s + self.pp_comm_s
+        return busy * (1.0 + self.bubble_fraction) + self.exposed_dp_s + self.optimizer_s
+
+
+def _link_Bps(ctx: RunContext, size: int, stride: int) -> float:
+    """Achievable bandwidth of one rank in a group of ``size`` ranks ``stride`` apart: the
+    inter-node link once the group leaves a node. Raises SpecError naming the field when the
+    run needs a link nobody gave, as the simulator does."""
+    g = group_placement(size, stride, ctx.hardware.node_size)
+    return ctx.cost.link_bandwidth_Bps("inter" if g.nodes > 1 else "intra")
+
+
+def _costs(ctx: RunContext, ops: list) -> tuple[float, float, float]:
+    """(compute s, memory-bound compute s, blocking collective s) of ``ops`` on ``ctx``'s cost model."""
+    comp = mem = comm = 0.0
+    cost = ctx.cost
+    for op in ops:
+        if op.is_comm:
+            comm += cost.comm_time_s(op)
+        else:
+            t = cost.compute_time_s(op)
+            comp += t
+            if op.kind not in ("matmul", "attention", "conv"):
+                mem += t
+    return comp, mem, comm
+
+
+def layer_cost(run: Any, ctx: RunContext) -> tuple[float, ...]:
+    """Seconds of one micro-batch on the run's shard: ``(dense layer compute, its memory-bound
+    part, its collectives, MoE layer compute, its collectives, embedding, LM head)``, forward +
+    backward + recomputation, cached per distinct shard in ``ctx``."""
+    s = run.strategy
+    dpn = run.hardware.node_size
+    key = (s.tp, s.cp, s.ep, s.dp, s.micro_batch_size, s.precision, s.flash_attention,
+           s.sequence_parallel, s.recompute)
+    hit = ctx.layer_costs.get(key)
+    if hit is not None:
+        return hit
+    sh = shard_for(run, group_placement(s.tp, 1, dpn), group_placement(s.cp, s.tp, dpn),
+                   group_placement(s.ep, s.tp, dpn))
+    m = ctx.model
+
+    def unit(fwd: list) -> tuple[float, float, float]:
+        c = [_costs(ctx, ops) for ops in (fwd, backward_of(fwd), recompute_ops(fwd, s.recompute))]
+        return c[0][0] + c[1][0] + c[2][0], c[0][1] + c[1][1] + c[2][1], c[0][2] + c[1][2] + c[2][2]
+
+    dense = unit(layer_forward(m, sh, False))
+    moe = unit(layer_forward(m, sh, True, "moe_layer")) if m.is_moe else (0.0, 0.0, 0.0)
+    emb, head = (_costs(ctx, f)[0] + _costs(ctx, backward_of(f))[0]
+                 for f in (embedding_forward(m, sh), head_forward(m, sh)))
+    if len(ctx.layer_costs) >= 4096:
+        ctx.layer_costs.pop(next(iter(ctx.layer_costs)))
+    out = ctx.layer_costs[key] = (dense[0], dense[1], dense[2], moe[0], moe[2], emb, head)
+    return out
+
+
+def _collective_s(ctx: RunContext, kind: str, nbytes: float, group: Any, dtype: str, pieces: int = 1) -> float:
+    """Seconds of ``pieces`` equal collectives moving ``nbytes`` in all, on the cost model."""
+    if nbytes <= 0 or group.size <= 1:
+        return 0.0
+    # a planner's strategies repeat the same collectives: cache them like the layer costs
+    key = (kind, nbytes, pieces, group.size, group.per_node, dtype)
+    hit = ctx.comm_costs.get(key)
+    if hit is None:
+        if len(ctx.comm_costs) >= 16384:
+            ctx.comm_costs.pop(next(iter(ctx.comm_costs)))
+        hit = ctx.comm_costs[key] = pieces * ctx.cost.comm_time_s(comm("analytic", kind, "bwd", nbytes / pieces,
+                                                                        group, dtype))
+    return hit
+
+
+def run_stage_loads(run: Any, ctx: RunContext) -> list:
+    """The run's :func:`~learnedperf.graph.execution.stage_loads`, cached in ``ctx`` by what they depend
+    on besides the model: tp, pp, virtual stages and ep."""
+    s = run.strategy
+    key = (s.tp, s.pp, s.virtual_pipeline_stages, s.ep)
+    hit = ctx.loads.get(key)
+    if hit is None:
+        if len(ctx.loads) >= 4096:
+            ctx.loads.pop(next(iter(ctx.loads)))
+        hit = ctx.loads[key] = stage_loads(chunk_layout(run), s.pp)
+    return hit
+
+
+def analytic_time(run: Any, ctx: RunContext, loads: Optional[list] = None) -> AnalyticTime:
+    """The :class:`AnalyticTime` of ``run`` (a RunSpec whose model and hardware are ``ctx``'s).
+
+    ``loads`` are the run's :func:`~learnedperf.graph.execution.stage_loads` if the caller has them.
+    Gradient reduction and ZeRO traffic are the simulator's collectives (DDP buckets, ZeRO-1/2
+    reduce-scatter and parameter all-gather, ZeRO-3/FSDP gathers and reduce-scatter per
+    micro-batch) on the most loaded pipeline rank, timed alone on the cost model.
+    """
+    m, s = run.model, run.strategy
+    n, dpn = run.hardware.num_devices, run.hardware.node_size
+    tp, pp, dp, cp, v = s.tp, s.pp, s.dp, s.cp, s.virtual_pipeline_stages
+    mb = run.num_microbatches
+    peak = run.hardware.device.peak_flops(s.precision)
+    flops = ctx.flops_per_seq * s.global_batch_size / n
+    if s.recompute == "full":
+        flops += ctx.flops_fwd_per_seq * s.global_batch_size / n
+    dense_c, dense_mem, dense_comm, moe_c, moe_comm, emb, head = layer_cost(run, ctx)
+    moe_layers = ctx.num_moe_layers / pp
+    dense_layers = m.num_layers / pp - moe_layers
+    # the critical rank holds a stage's layers and the larger of embedding and head (both without a pipeline)
+    ends = emb + head if pp == 1 else max(emb, head)
+    compute = (dense_layers * dense_c + moe_layers * moe_c + ends) * mb
+    layer_comm = (dense_layers * dense_comm + moe_layers * moe_comm) * mb
+    memory_bound = dense_layers * dense_mem * mb
+    pp_s = 0.0
+    if pp > 1 and not s.overlap_p2p:
+        e = 2 if s.precision == "fp8" else _BYTES[s.precision]
+        act = s.micro_batch_size * m.seq_length / cp * m.hidden_size * e
+        p2p = act / (tp if s.sequence_parallel and tp > 1 else 1)
+        pp_s = 2 * p2p * mb * v / _link_Bps(ctx, pp, tp * cp * dp)
+    if loads is None:
+        loads = stage_loads(chunk_layout(run), pp)
+    heaviest = max(loads, key=lambda ld: ld.dense_params + ld.expert_params)
+    dense_p, expert_p = heaviest.dense_params, heaviest.expert_params
+    zero = s.effective_zero_stage
+    pbytes, gbytes = state_bytes_per_param(s)
+    dp_group = group_placement(dp * cp, tp, dpn)
+    edp_group = group_placement(dp * cp // s.ep, tp * s.ep, dpn) if s.ep > 1 else dp_group
+    bucket = s.grad_bucket_size_MiB * 1048576.0
+    red = s.reduce_precision
+    dp_s = 0.0
+    if zero >= 3:
+        # per micro-batch: gather the chunk's weights for forward and backward, reduce-scatter its gradients
+        params = dense_p + expert_p
+        dp_s = mb * v * (2 * _collective_s(ctx, "allgather", params * pbytes / v, dp_group, s.precision)
+                         + _collective_s(ctx, "reducescatter", params * gbytes / v, dp_group, red))
+    else:
+        kind = "allreduce" if zero == 0 else "reducescatter"
+        for params, group in ((dense_p, dp_group), (expert_p, edp_group)):
+            total = params * gbytes
+            dp_s += _collective_s(ctx, kind, total, group, red, max(1, round(total / bucket)))
+        if zero >= 1:
+            dp_s += _collective_s(ctx, "allgather", (dense_p + expert_p) * pbytes, dp_group, s.precision)
+    # the last micro-batch's backward (about 2/3 of its compute) hides an overlapped reduction;
+    # ZeRO-3 gathers are prefetched under the compute of every micro-batch
+    if zero >= 3:
+        exposed = max(0.0, dp_s - (compute * 0.5 if s.overlap_param_gather else 0.0))
+    else:
+        exposed = max(0.0, dp_s - (compute * 2.0 / 3.0 / mb if s.overlap_grad_reduce else 0.0))
+    local = (dense_p + expert_p) / (dp * cp if zero >= 1 else 1)
+    opt = sum(ctx.cost.compute_time_s(op) for op in optimizer_ops(local, s.optimizer, s.precision))
+    bubble = (pp - 1) / (v * mb) if pp > 1 else 0.0
+    return AnalyticTime(compute, layer_comm, flops / peak, memory_bound, pp_s, dp_s, opt, bubble, exposed)
+
+
+def run_features(run: Any, ctx: RunContext, peak_memory_GiB: float,
+                 loads: Optional[list] = None) -> tuple[list[float], AnalyticTime]:
+    """The :data:`RUN_FEATURE_SCHEMA` vector of ``run`` and its :class:`AnalyticTime`.
+
+    Args:
+        run: a RunSpec whose model and hardware are ``ctx``'s.
+        ctx: the run's :class:`RunContext`.
+        peak_memory_GiB: the run's peak memory per device.
+        loads: the run's stage loads, if the caller has them.
+    """
+    s = run.strategy
+    at = analytic_time(run, ctx, loads)
+    x = list(ctx.static)
+    x.append(math.log(run.hardware.device.peak_flops(s.precision)))
+    x += ctx.device_static
+    x += [float(s.tp), float(s.pp), math.log(s.dp), float(s.cp), float(s.ep), float(s.virtual_pipeline_stages),
+          float(s.micro_batch_size), math.log(run.num_microbatches), math.log(s.global_batch_size),
+          float(s.effective_zero_stage), 1.0 if s.sequence_parallel and s.tp > 1 else 0.0,
+          1.0 if s.flash_attention else 0.0, 1.0 if s.overlap_grad_reduce else 0.0,
+          1.0 if s.overlap_param_gather else 0.0, 1.0 if s.overlap_p2p else 0.0,
+          float(_BYTES[s.reduce_precision]), 1.0 if s.optimizer == "adam" else 0.0]
+    sched = s.pipeline_schedule if s.pp > 1 else ""
+    x += [1.0 if sched == k else 0.0 for k in _SCHEDULES]
+    x += [1.0 if s.recompute == k else 0.0 for k in _RECOMPUTE]
+    x += [1.0 if s.precision == k else 0.0 for k in _PRECISIONS]
+    m = run.model
+    x += [math.log(s.micro_batch_size * m.seq_length / s.cp), math.log(m.hidden_size / s.tp),
+          math.log(ctx.flops_per_seq * s.global_batch_size / run.hardware.num_devices)]
+    total = at.total_s
+    comm = at.layer_comm_s + at.pp_comm_s + at.exposed_dp_s
+    x += [math.log(max(t, _MIN_S)) for t in (at.compute_s, at.layer_comm_s, at.peak_compute_s, at.memory_bound_s,
+                                             at.pp_comm_s, at.dp_comm_s, at.optimizer_s, total)]
+    x += [at.bubble_fraction, comm / total, peak_memory_GiB / run.hardware.device.memory_GiB]
+    return x, at
+
+
+__all__ = ["AnalyticTime", "RUN_FEATURE_SCHEMA", "RUN_FEATURE_SCHEMA_VERSION", "RunContext", "analytic_time",
+           "layer_cost", "run_features", "run_stage_loads"]
