@@ -92,7 +92,7 @@ def main() -> None:
         res = predictor.search(run0["model"], run0["hardware"],
                                {"global_batch_size": s0["global_batch_size"], "precision": s0["precision"],
                                 "recompute": ["full"], "zero_stages": [0], "sequence_parallel": [False],
-                                "schedules": ["1f1b"], "fixed": FIXED_VTRAIN}, top=1)
+                                "schedules": ["1f1b"], "cp": [1], "fixed": FIXED_VTRAIN}, top=1)
         if not res["results"]:
             continue
         best = res["results"][0]
@@ -115,7 +115,7 @@ def main() -> None:
         run, s = r.run, r.run["strategy"]
         cons = {"global_batch_size": s["global_batch_size"], "precision": "fp16", "micro_batch_size": [1],
                 "recompute": ["full"], "zero_stages": [0], "sequence_parallel": [False], "schedules": ["1f1b"],
-                "fixed": {"flash_attention": False}, "max_candidates": 100000}
+                "cp": [1], "fixed": {"flash_attention": False}, "max_candidates": 100000}
         _c, family = enumerate_strategies(predictor._specs.model(run["model"]),
                                           predictor._specs.hardware(run["hardware"]), cons)
         ranked = predictor.rank(run["model"], run["hardware"], family)

@@ -381,13 +381,18 @@ class Predictor:
         return float(ck.gnn.predict([make_sample(graph, spec, base_ms, bd, learned_time_s=nodes)])[0])
 
 
+#: Fewest tokens of a sequence per context-parallel rank the default search considers: below this,
+#: splitting the sequence only adds communication (context parallelism pays for long sequences).
+MIN_CP_TOKENS = 1024
+
 #: Search constraints, their defaults and what they mean (see :func:`enumerate_strategies`).
 SEARCH_CONSTRAINTS = {
     "global_batch_size": (None, "sequences per iteration (required)"),
     "precision": ("bf16", "precision of every candidate"),
     "tp": (None, "allowed tensor-parallel sizes (default: powers of two dividing the heads)"),
     "pp": (None, "allowed pipeline sizes (default: divisors of the devices, at most the layers)"),
-    "cp": ([1], "allowed context-parallel sizes"),
+    "cp": (None, "allowed context-parallel sizes (default: powers of two up to 8 that leave every rank at "
+                 f"least {MIN_CP_TOKENS} tokens of the sequence)"),
     "ep": (None, "allowed expert-parallel sizes (MoE; default: divisors of the experts)"),
     "micro_batch_size": ([1, 2, 4, 8], "allowed micro-batch sizes"),
     "max_tp": (None, "largest tensor-parallel size (default: the node size)"),
@@ -475,7 +480,9 @@ def enumerate_strategies(model: Any, hw: Any, constraints: Optional[dict] = None
         for pp in c["pp"] or divisors:
             if pp > c["max_pp"] or pp > model.num_layers or n % (tp * pp):
                 continue
-            for cp in c["cp"]:
+            cps = c["cp"] or [k for k in (1, 2, 4, 8)
+                              if k == 1 or (model.seq_length % (2 * k) == 0 and model.seq_length // k >= MIN_CP_TOKENS)]
+            for cp in cps:
                 if n % (tp * pp * cp):
                     continue
                 dp = n // (tp * pp * cp)

@@ -117,7 +117,7 @@ def test_enumeration_counts_and_constraint_errors():
     cache = SpecCache()
     model, hw = cache.model("gpt3-1.3b"), cache.hardware(A100_8)
     base = {"global_batch_size": 16, "micro_batch_size": [1], "recompute": ["none"], "zero_stages": [0],
-            "sequence_parallel": [False], "schedules": ["1f1b"]}
+            "sequence_parallel": [False], "schedules": ["1f1b"], "cp": [1]}
     # tp, pp in {1, 2, 4, 8} with tp·pp | 8: (1,1) (1,2) (1,4) (1,8) (2,1) (2,2) (2,4) (4,1) (4,2) (8,1) = 10
     _c, cands = enumerate_strategies(model, hw, {**base, "pp": [1, 2, 4, 8]})
     assert len(cands) == 10
@@ -126,6 +126,9 @@ def test_enumeration_counts_and_constraint_errors():
     _c, cands = enumerate_strategies(model, hw, {**base, "pp": [1, 2, 4, 8], "schedules": ["1f1b", "interleaved"],
                                                  "virtual_stages": [2]})
     assert len(cands) == 10 + 6
+    # by default context parallelism is searched where every rank keeps >= 1024 of the 2048 tokens: cp 1, 2
+    c, cands = enumerate_strategies(model, hw, {**base, "cp": None, "pp": [1]})
+    assert sorted({s["cp"] for s in cands}) == [1, 2] and all(s["tp"] * s["cp"] * s["dp"] == 8 for s in cands)
     with pytest.raises(InputError, match="constraints.max_tpp"):
         enumerate_strategies(model, hw, {**base, "max_tpp": 2})
     with pytest.raises(InputError, match="constraints.global_batch_size"):
