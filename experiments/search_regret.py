@@ -48,9 +48,14 @@ def vtrain_groups() -> list[list]:
     return [g for g in groups.values() if len({json.dumps(r.run["strategy"], sort_keys=True) for r in g}) >= 2]
 
 
-def rank_regret(predictor: Predictor, groups: list, tier: str) -> tuple[np.ndarray, np.ndarray]:
-    """Top-1 regret of ``rank`` per group, and the expected regret of a random pick."""
-    regret, random_pick = [], []
+def rank_regret(predictor: Predictor, groups: list, tier: str) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                                      np.ndarray]:
+    """Per group: top-1 regret of ``rank``, the expected regret of a random pick, the P(fastest)
+    search would state for the predicted best (:func:`~learnedperf.predict._ranking_confidence`), and
+    whether the predicted best was the measured best."""
+    from learnedperf.predict import _ranking_confidence
+
+    regret, random_pick, stated, hit = [], [], [], []
     for g in groups:
         run0 = g[0].run
         ranked = predictor.rank(run0["model"], run0["hardware"], [r.run["strategy"] for r in g], tier=tier)
@@ -59,7 +64,9 @@ def rank_regret(predictor: Predictor, groups: list, tier: str) -> tuple[np.ndarr
         top = ranked[0]
         regret.append(by_strategy[json.dumps(top["strategy"], sort_keys=True)] / best - 1)
         random_pick.append(np.mean([t / best - 1 for t in by_strategy.values()]))
-    return np.asarray(regret), np.asarray(random_pick)
+        stated.append(_ranking_confidence([e["prediction"] for e in ranked if e["rank"] is not None])[0][0])
+        hit.append(regret[-1] == 0.0)
+    return np.asarray(regret), np.asarray(random_pick), np.asarray(stated), np.asarray(hit)
 
 
 def _summary(x: np.ndarray) -> str:
@@ -79,8 +86,15 @@ def main() -> None:
           f"({min(sizes)}-{max(sizes)} strategies, {sum(sizes)} runs); checkpoint {predictor.source} "
           "(vTrain is in its training data: in-sample)")
     for tier in ("fast", "full"):
-        regret, rnd = rank_regret(predictor, groups, tier)
+        regret, rnd, stated, hit = rank_regret(predictor, groups, tier)
         print(f"  rank, {tier} tier: top-1 regret {_summary(regret)}; random pick: {_summary(rnd)}")
+        # is the stated confidence calibrated? bins of stated P(fastest) against how often the pick was the best
+        bins = [(0.0, 0.3), (0.3, 0.6), (0.6, 1.01)]
+        parts = [f"stated {lo:.1f}-{min(hi, 1):.1f}: {int(m.sum())} groups, mean stated {stated[m].mean():.2f}, "
+                 f"measured best in {hit[m].mean():.2f}" for lo, hi in bins for m in [(stated >= lo) & (stated < hi)]
+                 if m.any()]
+        print(f"    P(fastest) of the pick: mean stated {stated.mean():.2f}, measured best in {hit.mean():.2f} of "
+              f"groups; " + "; ".join(parts))
 
     rng = np.random.default_rng(0)
     pick = rng.choice(len(groups), min(args.groups, len(groups)), replace=False)
