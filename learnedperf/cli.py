@@ -880,7 +880,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_search(args: argparse.Namespace) -> int:
     """``learnedperf search``: the fastest valid strategies that fit, as a ranked table or JSON."""
     prog = "learnedperf search"
-    base: dict[str, Any] = _load_run_file(args.run) if args.run else {}
+    try:
+        base: Any = _load_run_file(args.run) if args.run else {}
+    except InputError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 1
     if not isinstance(base, dict):
         raise UsageError(f"{prog}: error: --run {args.run}: a run must be a JSON object")
     model = args.model or base.get("model")

@@ -181,18 +181,27 @@ class Predictor:
             raise InputError(f"top: must be an integer in 1..1000, got {top!r}")
         if rescore is None:
             rescore = max(3 * top, 20)
+        if not isinstance(rescore, int) or isinstance(rescore, bool) or not 1 <= rescore <= 10000:
+            raise InputError(f"rescore: must be an integer in 1..10000, got {rescore!r}")
         model_spec, hw_spec = self._specs.model(model), self._specs.hardware(hardware)
         cons, cands = enumerate_strategies(model_spec, hw_spec, constraints)
         headroom = cons["memory_headroom_GiB"]
         runs = [{"model": model, "hardware": hardware, "strategy": s} for s in cands]
         fast = self.predict_many(runs, tier="fast", errors="return")
         valid = [(s, p) for s, p in zip(cands, fast) if "error" not in p]
+        # why candidates were invalid, by the field each error names (nothing is dropped unsaid)
+        invalid: dict[str, int] = {}
+        for p in fast:
+            if "error" in p:
+                field = p["error"].split(":", 1)[0]
+                invalid[field] = invalid.get(field, 0) + 1
         fits = [(s, p) for s, p in valid if p["peak_memory_GiB"] <= hw_spec.device.memory_GiB - headroom]
         fits.sort(key=lambda sp: sp[1]["iteration_time_ms"])
         shortlist = fits[:rescore]
         full = self.predict_many([{"model": model, "hardware": hardware, "strategy": s} for s, _ in shortlist],
                                  tier="full", errors="return")
         scored = [(s, f, p) for (s, f), p in zip(shortlist, full) if "error" not in p]
+        rescore_failed = [{"strategy": s, "error": p["error"]} for (s, _f), p in zip(shortlist, full) if "error" in p]
         scored.sort(key=lambda x: x[2]["iteration_time_ms"])
         p_best, p_next = _ranking_confidence([p for _s, _f, p in scored])
         results = []
@@ -204,7 +213,8 @@ class Predictor:
                             "prediction": p})
         return {"model": model_spec.name, "device": hw_spec.device.name, "num_devices": hw_spec.num_devices,
                 "constraints": cons, "candidates": len(cands), "valid": len(valid), "fit_in_memory": len(fits),
-                "rescored": len(scored), "results": results, "source": self.source,
+                "invalid_by_field": invalid, "rescored": len(scored), "rescore_failed": rescore_failed,
+                "results": results, "source": self.source,
                 "confidence_note": "p_fastest / p_faster_than_next assume independent log-normal errors with "
                                    "each interval's spread",
                 "elapsed_ms": (time.perf_counter() - t0) * 1e3,

@@ -233,13 +233,18 @@ def test_search_prints_a_ranked_table_and_json(capsys):
     assert all(r["strategy"]["recompute"] == "none" and r["peak_memory_GiB"] <= 80 for r in result["results"])
 
 
-def test_search_bad_constraint_is_one_line(capsys):
+def test_search_bad_constraint_is_one_line(tmp_path, capsys):
     assert main(["search", "--model", MODEL, "--cluster", CLUSTER, "--num-devices", "8", "--global-batch-size",
                  "16", "--constraints", '{"tp_max": 4}']) == 1
     err = capsys.readouterr().err
     assert "constraints.tp_max" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert main(["search", "--model", MODEL, "--cluster", CLUSTER, "--num-devices", "8"]) == 1
     assert "constraints.global_batch_size" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text("{bad")
+    assert main(["search", "--run", str(bad), "--global-batch-size", "16"]) == 1
+    err = capsys.readouterr().err
+    assert "invalid JSON" in err and "Traceback" not in err
 
 
 # --------------------------------------------------------------------------- usage errors

@@ -149,6 +149,8 @@ def test_search_finds_the_full_tier_optimum_of_a_small_space(predictor):
     full = [predictor.predict({"model": "gpt3-1.3b", "hardware": A100_8, "strategy": s}, tier="full") for s in cands]
     best = min(p["iteration_time_ms"] for p in full if p["fits_in_memory"])
     assert result["candidates"] == len(cands) and result["rescored"] == result["fit_in_memory"]
+    assert result["rescore_failed"] == []
+    assert result["valid"] + sum(result["invalid_by_field"].values()) == result["candidates"]
     assert result["results"][0]["iteration_time_ms"] == pytest.approx(best, rel=1e-9)
     times = [r["iteration_time_ms"] for r in result["results"]]
     assert times == sorted(times) and len(times) == 3
