@@ -72,6 +72,16 @@ class Predictor:
 
         return cls(load_checkpoint(path))
 
+    def fork(self) -> "Predictor":
+        """A predictor over the same loaded checkpoint with caches of its own, for another thread.
+
+        The loaded models are only read when predicting (LightGBM's predict takes a shared lock;
+        the GNN runs in eval mode), while the caches of parsed specs and run contexts are written:
+        two threads each use their own predictor, so a long search in one does not wait for, or
+        block, fast predictions in the other.
+        """
+        return Predictor(self.checkpoint)
+
     @property
     def source(self) -> str:
         """The ``source`` of this predictor's answers."""

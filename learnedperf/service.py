@@ -26,13 +26,14 @@ a traceback:
 * 404 / 405 — unknown path / method;
 * 503 — the checkpoint cannot be loaded (a fault of the server, not of the request).
 
-Concurrency: one request at a time uses the predictor (an ``asyncio.Lock``; the
+Concurrency: one request at a time uses a predictor (an ``asyncio.Lock``; the
 predictor's caches are not made for threads). Fast predictions run in the event loop's
 thread, cheaper than a hand-over to a thread, and the ``/predict`` requests that arrive
 together are answered by one ``predict_many`` call (the surrogate's per-call cost, most
 of a single prediction's, is paid once for the group). Long work (``/search``, the full
-tier) runs in one worker thread, so that meanwhile the event loop still reads requests,
-answers ``/health`` and refuses bad input. A batch is answered in chunks, letting the
+tier) runs in one worker thread on a fork of the predictor (same loaded models, its own
+caches, its own lock), so that meanwhile the event loop still reads requests, answers
+``/health``, refuses bad input and answers fast predictions. A batch is answered in chunks, letting the
 other clients' requests in between. One process uses about one core:
 scale out with more processes (several ``learnedperf serve``, or
 ``uvicorn --factory learnedperf.service:create_app --workers N``).
@@ -271,6 +272,9 @@ class _Service:
         self._lock_loop: Optional[asyncio.AbstractEventLoop] = None
         self._worker: Optional[ThreadPoolExecutor] = None
         self._queue: list[tuple[Any, asyncio.Future]] = []  # fast-tier runs waiting for the next predict_many
+        self._slow: Any = None  # the worker thread's own predictor (Predictor.fork), made on first use
+        self._slow_lock: Optional[asyncio.Lock] = None
+        self._slow_lock_loop: Optional[asyncio.AbstractEventLoop] = None
         self._flushes: set[asyncio.Task] = set()  # the loop keeps only weak references to tasks
 
     def lock(self) -> asyncio.Lock:
@@ -310,10 +314,25 @@ class _Service:
         short work runs here, where it costs no thread hand-over.
         """
         predictor = await self.loaded()
+        if offload:
+            slow, lock = self._slow_lane(predictor)
+            async with lock:
+                return await self._in_worker(self._answer, fn, slow)
         async with self.lock():
-            if offload:
-                return await self._in_worker(self._answer, fn, predictor)
             return self._answer(fn, predictor)
+
+    def _slow_lane(self, predictor: Any) -> tuple[Any, asyncio.Lock]:
+        """The worker thread's predictor and its lock. With a forked predictor (its own caches) a
+        search or a full-tier prediction does not hold the fast lane's lock, so fast predictions go
+        on meanwhile; a predictor that cannot fork shares the fast lane's lock."""
+        if self._slow is None:
+            self._slow = predictor.fork() if hasattr(predictor, "fork") else predictor
+        if self._slow is predictor:
+            return predictor, self.lock()
+        loop = asyncio.get_running_loop()
+        if self._slow_lock_loop is not loop:
+            self._slow_lock, self._slow_lock_loop = asyncio.Lock(), loop
+        return self._slow, self._slow_lock  # type: ignore[return-value]
 
     async def predict_fast(self, run: Any) -> dict:
         """The fast-tier prediction of one run; a failure is a 422 naming the problem.

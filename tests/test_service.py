@@ -184,6 +184,40 @@ def test_health_answers_while_a_search_runs():
     assert answers == [(200, {"results": []})]
 
 
+class ForkingStandIn:
+    """A stand-in predictor that answers fast batches at once and forks into a blocking searcher."""
+
+    source = "stand-in"
+
+    def __init__(self) -> None:
+        self.searcher = BlockingSearch()
+
+    def fork(self) -> BlockingSearch:
+        return self.searcher
+
+    def predict_many(self, runs: list, tier: str = "fast", errors: str = "raise") -> list:
+        return [{"iteration_time_ms": 1.0, "interval_ms": [1.0, 1.0]} for _ in runs]
+
+
+def test_fast_predictions_go_on_while_a_search_runs():
+    """The search holds the forked predictor in the worker thread, not the fast lane's lock."""
+    stand_in = ForkingStandIn()
+    answers: list = []
+    with running(create_app(stand_in)) as base:
+        thread = threading.Thread(target=lambda: answers.append(
+            Client(base).request("POST", "/search", {"model": MODEL, "hardware": {}})))
+        thread.start()
+        try:
+            assert stand_in.searcher.started.wait(30)
+            status, body = Client(base, timeout_s=10).request("POST", "/predict", run_dict())
+            assert status == 200 and body["iteration_time_ms"] == 1.0
+            assert not stand_in.searcher.release.is_set()  # answered while the search still blocked
+        finally:
+            stand_in.searcher.release.set()
+            thread.join(30)
+    assert answers == [(200, {"results": []})]
+
+
 def test_openapi_lists_the_endpoints(client):
     status, schema = client.request("GET", "/openapi.json")
     assert status == 200
