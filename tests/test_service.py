@@ -166,22 +166,30 @@ class BlockingSearch:
         return {"results": []}
 
 
-def test_health_answers_while_a_search_runs():
-    """A search runs in the worker thread: meanwhile the event loop still answers."""
-    stand_in = BlockingSearch()
+def _while_searching(predictor: Any, searcher: BlockingSearch, method: str, path: str, body: Any = None):
+    """Start a /search that blocks in ``searcher``, make one other request meanwhile, then release the
+    search; return that request's answer (the search must still end 200)."""
     answers: list = []
-    with running(create_app(stand_in)) as base:
+    with running(create_app(predictor)) as base:
         thread = threading.Thread(target=lambda: answers.append(
             Client(base).request("POST", "/search", {"model": MODEL, "hardware": {}})))
         thread.start()
         try:
-            assert stand_in.started.wait(30)
-            status, body = Client(base, timeout_s=10).request("GET", "/health")
-            assert status == 200 and body["checkpoint"] == "stand-in"
+            assert searcher.started.wait(30)
+            answer = Client(base, timeout_s=10).request(method, path, body)
+            assert not searcher.release.is_set()  # answered while the search still blocked
         finally:
-            stand_in.release.set()
+            searcher.release.set()
             thread.join(30)
     assert answers == [(200, {"results": []})]
+    return answer
+
+
+def test_health_answers_while_a_search_runs():
+    """A search runs in the worker thread: meanwhile the event loop still answers."""
+    stand_in = BlockingSearch()
+    status, body = _while_searching(stand_in, stand_in, "GET", "/health")
+    assert status == 200 and body["checkpoint"] == "stand-in"
 
 
 class ForkingStandIn:
@@ -202,20 +210,8 @@ class ForkingStandIn:
 def test_fast_predictions_go_on_while_a_search_runs():
     """The search holds the forked predictor in the worker thread, not the fast lane's lock."""
     stand_in = ForkingStandIn()
-    answers: list = []
-    with running(create_app(stand_in)) as base:
-        thread = threading.Thread(target=lambda: answers.append(
-            Client(base).request("POST", "/search", {"model": MODEL, "hardware": {}})))
-        thread.start()
-        try:
-            assert stand_in.searcher.started.wait(30)
-            status, body = Client(base, timeout_s=10).request("POST", "/predict", run_dict())
-            assert status == 200 and body["iteration_time_ms"] == 1.0
-            assert not stand_in.searcher.release.is_set()  # answered while the search still blocked
-        finally:
-            stand_in.searcher.release.set()
-            thread.join(30)
-    assert answers == [(200, {"results": []})]
+    status, body = _while_searching(stand_in, stand_in.searcher, "POST", "/predict", run_dict())
+    assert status == 200 and body["iteration_time_ms"] == 1.0
 
 
 def test_openapi_lists_the_endpoints(client):
