@@ -71,7 +71,9 @@ def mutated_runs(draw) -> dict:
             node = node[name]
         action = draw(st.sampled_from(["odd", "json", "delete", "unknown"]))
         if action == "odd":
-            node[key] = draw(st.sampled_from(ODD_VALUES))
+            # a copy: ODD_VALUES holds mutable {} and [] that a later mutation may write into (a shared
+            # object would leak state between examples, or end up inside itself)
+            node[key] = copy.deepcopy(draw(st.sampled_from(ODD_VALUES)))
         elif action == "json":
             node[key] = draw(json_values)
         elif action == "delete":
