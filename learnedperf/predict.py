@@ -54,6 +54,10 @@ def error_text(exc: BaseException) -> str:
 class Predictor:
     """Predicts runs with a verified checkpoint.
 
+    A predictor caches parsed models and hardware and their costs between calls, and is not
+    meant to be shared between threads: give each thread its own :meth:`fork` (same loaded
+    models, no second load).
+
     Args:
         checkpoint: a loaded :class:`~learnedperf.checkpoint.Checkpoint`.
     """
