@@ -91,6 +91,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _add_placement_arguments(g: Any) -> None:
+    """The model and hardware flags (``_MODEL_FLAGS`` and ``_HARDWARE_FLAGS``) on parser or group ``g``."""
+    g.add_argument("--model", metavar="NAME", help="catalog model (see 'learnedperf catalog models')")
+    g.add_argument("--seq-length", type=_positive_int, metavar="N", help="override the model's sequence length")
+    g.add_argument("--device", metavar="NAME", help="catalog device (default: the cluster's)")
+    g.add_argument("--cluster", metavar="NAME", help="catalog cluster, e.g. dgx-a100")
+    g.add_argument("--num-devices", type=_positive_int, metavar="N")
+    g.add_argument("--devices-per-node", type=_positive_int, metavar="N")
+
+
 def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments shared by ``simulate`` and ``predict``."""
     files = p.add_argument_group("input and output")
@@ -107,13 +117,7 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
                     help="write the Chrome/Perfetto trace (JSON) of the run's iteration (one run only)")
 
     m = p.add_argument_group("one run from flags")
-    m.add_argument("--model", metavar="NAME", help="catalog model (see 'learnedperf catalog models')")
-    m.add_argument("--seq-length", type=_positive_int, metavar="N",
-                   help="override the model's sequence length")
-    m.add_argument("--device", metavar="NAME", help="catalog device (default: the cluster's)")
-    m.add_argument("--cluster", metavar="NAME", help="catalog cluster, e.g. dgx-a100")
-    m.add_argument("--num-devices", type=_positive_int, metavar="N")
-    m.add_argument("--devices-per-node", type=_positive_int, metavar="N")
+    _add_placement_arguments(m)
     for flag, what in (("tp", "tensor"), ("pp", "pipeline"), ("dp", "data (default: derived)"),
                        ("cp", "context"), ("ep", "expert")):
         m.add_argument(f"--{flag}", type=_positive_int, metavar="N", help=f"{what}-parallel size")
@@ -159,12 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "that fit in memory, screen them with the fast tier, re-score the best with the "
                                    "full tier and print them ranked with intervals.")
     m = p.add_argument_group("what to place")
-    m.add_argument("--model", metavar="NAME", help="catalog model")
-    m.add_argument("--seq-length", type=_positive_int, metavar="N", help="sequence length (default: the model's)")
-    m.add_argument("--cluster", metavar="NAME", help="catalog cluster, e.g. dgx-a100")
-    m.add_argument("--device", metavar="NAME", help="catalog device (default: the cluster's)")
-    m.add_argument("--num-devices", type=_positive_int, metavar="N")
-    m.add_argument("--devices-per-node", type=_positive_int, metavar="N")
+    _add_placement_arguments(m)
     m.add_argument("--run", metavar="FILE.json", help="model and hardware from a run file (its strategy is ignored)")
     c = p.add_argument_group("constraints")
     c.add_argument("--global-batch-size", type=_positive_int, metavar="N", help="sequences per iteration (required)")

@@ -259,16 +259,27 @@ class Predictor:
             ctx = self._contexts[key] = RunContext(spec.model, spec.hardware)
         return ctx
 
+    def _features(self, spec: Any) -> tuple:
+        """``(RunContext, MemoryBreakdown, run features, AnalyticTime)`` of a RunSpec: what the
+        surrogate sees of it (at prediction and at distillation alike)."""
+        from .features.run import run_features, run_stage_loads
+        from .simulate.memory import peak_memory_of
+        from .units import GiB
+
+        ctx = self._context(spec)
+        loads = run_stage_loads(spec, ctx)
+        mem = peak_memory_of(spec, loads)
+        x, at = run_features(spec, ctx, mem.total / GiB, loads)
+        return ctx, mem, x, at
+
     def _fast(self, specs: list, raise_errors: bool) -> list:
         """Fast-tier predictions of valid RunSpecs (an exception object in place of a run that fails)."""
         import math
 
         import numpy as np
 
-        from .features.run import run_features, run_stage_loads
         from .models.surrogate import BREAKDOWN_PARTS
         from .simulate import SIMULATOR_VERSION
-        from .simulate.memory import peak_memory_of
         from .units import GiB
 
         ck = self.checkpoint
@@ -279,10 +290,7 @@ class Predictor:
         out: list[Any] = [None] * len(specs)
         for i, spec in enumerate(specs):
             try:
-                ctx = self._context(spec)
-                loads = run_stage_loads(spec, ctx)
-                mem = peak_memory_of(spec, loads)
-                x, at = run_features(spec, ctx, mem.total / GiB, loads)
+                ctx, mem, x, at = self._features(spec)
             except Exception as exc:  # noqa: BLE001 - e.g. a link bandwidth the run needs and nobody gave
                 if raise_errors:
                     raise
@@ -582,13 +590,10 @@ def distil_surrogate(predictor: Predictor, n: int = 20000, seed: int = 0, holdou
     import numpy as np
 
     from .data.sampler import sample_runs
-    from .features.run import run_features
     from .models.intervals import conformal_quantile
     from .models.metrics import mape
     from .models.surrogate import BREAKDOWN_PARTS, SurrogateRegressor
-    from .simulate.memory import peak_memory_of
     from .specs import RunSpec
-    from .units import GiB
 
     t0 = time.perf_counter()
     rows, analytic, times, shares, failed = [], [], [], [], 0
@@ -604,7 +609,7 @@ def distil_surrogate(predictor: Predictor, n: int = 20000, seed: int = 0, holdou
         except LearnedPerfError:
             failed += 1  # counted and reported: a run the full tier cannot answer teaches nothing
             continue
-        x, at = run_features(spec, predictor._context(spec), peak_memory_of(spec).total / GiB)
+        _ctx, _mem, x, at = predictor._features(spec)
         t = pred["iteration_time_ms"]
         rows.append(x)
         analytic.append(at.total_s)

@@ -69,6 +69,21 @@ class FeatureSchema:
         return {"name": self.name, "version": self.version, "names": self.names,
                 "descriptions": {n: d for n, d in self.features}}
 
+    def to_sidecar(self) -> dict:
+        """What a model's sidecar records of the schema it was trained on."""
+        return {"name": self.name, "version": self.version, "names": self.names}
+
+    def check_sidecar(self, data: Any, where: Any) -> None:
+        """Raise :class:`InputError` naming ``where`` unless ``data`` (a sidecar's ``feature_schema``)
+        is this schema's version with these names in this order."""
+        if not isinstance(data, dict):
+            raise InputError(f"{where}: missing 'feature_schema'")
+        if data.get("version") != self.version:
+            raise InputError(f"{where}: feature schema version {data.get('version')} is incompatible with "
+                             f"this package's {self.name} schema v{self.version}; retrain with 'learnedperf train'")
+        if data.get("names") != self.names:
+            raise InputError(f"{where}: feature names differ from this package's {self.name} schema v{self.version}")
+
 
 def _schema_features() -> tuple[tuple[str, str], ...]:
     f: list[tuple[str, str]] = []

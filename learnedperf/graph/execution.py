@@ -219,8 +219,12 @@ class StageLoad:
     layer_params: float  # parameters of one layer of its first chunk (ZeRO-3 gathers)
 
 
-def stage_loads(layout: list[ChunkLayout], pp: int) -> list[StageLoad]:
+def stage_loads(layout: list, pp: int) -> list[StageLoad]:
     """Per pipeline rank (``pp`` of them), the sums over its chunks ``layout[rank::pp]``.
+
+    ``layout`` lists every virtual stage's chunk in order: :class:`ChunkLayout`\ s, or a compiled
+    graph's :class:`Chunk`\ s (both carry ``vstage``, ``num_layers``, the parameter counts and
+    ``layer_params``).
 
     Depends on the model and on tp, pp, virtual stages and ep only, so a planner's strategies
     that share those share it.

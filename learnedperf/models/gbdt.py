@@ -39,7 +39,7 @@ from typing import Any, Iterable
 from ..cost import CommCost, CostModel, RooflineCost
 from ..errors import InputError, LearnedPerfError
 from ..io import load_json_file
-from ..features.ops import OP_FEATURE_SCHEMA, ROOFLINE_COLUMN, op_features, op_features_from_ops
+from ..features.ops import OP_FEATURE_SCHEMA, ROOFLINE_COLUMN, FeatureSchema, op_features, op_features_from_ops
 from ..graph.ops import Op
 from ..measure.records import sha256_file
 from ..specs import HardwareSpec
@@ -254,8 +254,7 @@ class OpTimeRegressor:
         model_path = directory / MODEL_FILE
         self.booster_.save_model(str(model_path))
         meta = {"format": "learnedperf.OpTimeRegressor", "target": TARGET, "time_unit": "ms",
-                "feature_schema": {"name": OP_FEATURE_SCHEMA.name, "version": OP_FEATURE_SCHEMA.version,
-                                   "names": OP_FEATURE_SCHEMA.names},
+                "feature_schema": OP_FEATURE_SCHEMA.to_sidecar(),
                 "params": self.get_params(), "model_file": MODEL_FILE,
                 "model_sha256": sha256_file(model_path),
                 "training": {"trained_with": getattr(self, "trained_with_", "unknown"),
@@ -272,31 +271,11 @@ class OpTimeRegressor:
                 sidecar (tampered or truncated), or the feature schema version or names differ from
                 this package's :data:`OP_FEATURE_SCHEMA`.
         """
-        import lightgbm
-
         directory = Path(directory)
         meta_path, model_path = directory / META_FILE, directory / MODEL_FILE
         meta = load_json_file(meta_path)
-        if not isinstance(meta, dict) or not isinstance(meta.get("feature_schema"), dict):
-            raise InputError(f"{meta_path}: missing 'feature_schema'")
-        fs = meta["feature_schema"]
-        if fs.get("version") != OP_FEATURE_SCHEMA.version:
-            raise InputError(f"{meta_path}: feature schema version {fs.get('version')} is incompatible with "
-                             f"this package's op schema v{OP_FEATURE_SCHEMA.version}")
-        if fs.get("names") != OP_FEATURE_SCHEMA.names:
-            raise InputError(f"{meta_path}: feature names differ from this package's op schema "
-                             f"v{OP_FEATURE_SCHEMA.version}")
-        if not model_path.is_file():
-            raise InputError(f"{model_path}: missing")
-        if sha256_file(model_path) != meta.get("model_sha256"):
-            raise InputError(f"{model_path}: sha256 differs from {META_FILE} (file changed or truncated)")
-        try:
-            booster = lightgbm.Booster(model_file=str(model_path))
-        except lightgbm.basic.LightGBMError as exc:
-            raise InputError(f"{model_path}: not a LightGBM model ({exc})") from None
-        if booster.num_feature() != len(OP_FEATURE_SCHEMA.features):
-            raise InputError(f"{model_path}: model has {booster.num_feature()} features, schema has "
-                             f"{len(OP_FEATURE_SCHEMA.features)}")
+        OP_FEATURE_SCHEMA.check_sidecar(meta.get("feature_schema") if isinstance(meta, dict) else None, meta_path)
+        booster = load_booster(model_path, meta.get("model_sha256"), OP_FEATURE_SCHEMA, META_FILE)
         params = dict(meta.get("params") or {})
         training = meta.get("training")
         if training is None:
@@ -313,7 +292,7 @@ class OpTimeRegressor:
         self.trained_with_ = training["trained_with"]
         self.dask_workers_ = workers
         self.n_features_in_ = booster.num_feature()
-        self.schema_version_ = fs["version"]
+        self.schema_version_ = OP_FEATURE_SCHEMA.version  # checked equal to the sidecar's above
         return self
 
 
@@ -328,6 +307,24 @@ def _provenance(directory: Path) -> str:
         return directory.resolve().relative_to(root).as_posix()
     except ValueError:
         return str(directory)
+
+
+def load_booster(path: Path, sha256: Any, schema: FeatureSchema, sidecar: str) -> Any:
+    """The LightGBM text model at ``path``, verified: present, with the ``sha256`` its ``sidecar``
+    records, readable, and taking ``schema``'s features. Raises :class:`InputError` naming the file."""
+    import lightgbm
+
+    if not path.is_file():
+        raise InputError(f"{path}: missing")
+    if sha256_file(path) != sha256:
+        raise InputError(f"{path}: sha256 differs from {sidecar} (file changed or truncated)")
+    try:
+        booster = lightgbm.Booster(model_file=str(path))
+    except lightgbm.basic.LightGBMError as exc:
+        raise InputError(f"{path}: not a LightGBM model ({exc})") from None
+    if booster.num_feature() != len(schema.features):
+        raise InputError(f"{path}: model has {booster.num_feature()} features, schema has {len(schema.features)}")
+    return booster
 
 
 def load_op_training_data(measured_dirs: Iterable[str | Path] | None = None, neusight: bool = True,

@@ -144,8 +144,7 @@ class SurrogateRegressor:
         for key, name in files.items():
             boosters[key].save_model(str(directory / name))
         meta = {"format": "learnedperf.SurrogateRegressor", "target": "log(full_ms / analytic_ms)",
-                "feature_schema": {"name": RUN_FEATURE_SCHEMA.name, "version": RUN_FEATURE_SCHEMA.version,
-                                   "names": RUN_FEATURE_SCHEMA.names},
+                "feature_schema": RUN_FEATURE_SCHEMA.to_sidecar(),
                 "params": self.get_params(), "n_train": self.n_train_,
                 "models": {k: {"file": n, "sha256": sha256_file(directory / n)} for k, n in files.items()},
                 **(extra or {})}
@@ -160,17 +159,14 @@ class SurrogateRegressor:
             InputError: a missing or unreadable file, a sha256 mismatch (tampered or truncated), or a
                 feature schema other than this package's :data:`RUN_FEATURE_SCHEMA`.
         """
-        import lightgbm
+        from .gbdt import load_booster
 
         directory = Path(directory)
         meta_path = directory / META_FILE
         meta = load_json_file(meta_path)
-        fs = meta.get("feature_schema") if isinstance(meta, dict) else None
-        if not isinstance(fs, dict):
-            raise InputError(f"{meta_path}: missing 'feature_schema'")
-        if fs.get("version") != RUN_FEATURE_SCHEMA.version or fs.get("names") != RUN_FEATURE_SCHEMA.names:
-            raise InputError(f"{meta_path}: run feature schema v{fs.get('version')} differs from this package's "
-                             f"v{RUN_FEATURE_SCHEMA.version}; retrain with 'learnedperf train'")
+        if not isinstance(meta, dict):
+            raise InputError(f"{meta_path}: not a surrogate sidecar (a JSON object)")
+        RUN_FEATURE_SCHEMA.check_sidecar(meta.get("feature_schema"), meta_path)
         models = meta.get("models")
         if not isinstance(models, dict) or "time" not in models:
             raise InputError(f"{meta_path}: 'models' must list at least the time model")
@@ -179,18 +175,10 @@ class SurrogateRegressor:
         for key, entry in models.items():
             if key != "time" and key not in BREAKDOWN_PARTS:
                 raise InputError(f"{meta_path}: unknown model {key!r}")
-            path = directory / str(entry.get("file", ""))
-            if not path.is_file():
-                raise InputError(f"{path}: missing")
-            if sha256_file(path) != entry.get("sha256"):
-                raise InputError(f"{path}: sha256 differs from {META_FILE} (file changed or truncated)")
-            try:
-                boosters[key] = lightgbm.Booster(model_file=str(path))
-            except lightgbm.basic.LightGBMError as exc:
-                raise InputError(f"{path}: not a LightGBM model ({exc})") from None
-            if boosters[key].num_feature() != len(RUN_FEATURE_SCHEMA.features):
-                raise InputError(f"{path}: model has {boosters[key].num_feature()} features, schema has "
-                                 f"{len(RUN_FEATURE_SCHEMA.features)}")
+            if not isinstance(entry, dict):
+                raise InputError(f"{meta_path}: models.{key} must be an object with 'file' and 'sha256'")
+            boosters[key] = load_booster(directory / str(entry.get("file", "")), entry.get("sha256"),
+                                         RUN_FEATURE_SCHEMA, META_FILE)
         obj.time_booster_ = boosters.pop("time")
         obj.share_boosters_ = {p: boosters[p] for p in BREAKDOWN_PARTS if p in boosters}
         obj.n_train_ = int(meta.get("n_train", 0))

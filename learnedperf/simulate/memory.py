@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..graph.execution import ChunkLayout, ExecutionGraph, StageLoad, chunk_layout, stage_loads, state_bytes_per_param
+from ..graph.execution import ExecutionGraph, StageLoad, chunk_layout, stage_loads, state_bytes_per_param
 from ..units import GiB
 
 
@@ -125,9 +125,8 @@ def peak_in_flight(run, stage: int) -> int:
 
 def peak_memory(eg: ExecutionGraph) -> MemoryBreakdown:
     """Peak per-device memory over the pipeline ranks of a compiled run (bytes)."""
-    layout = sorted((ChunkLayout(c.vstage, c.num_layers, 0, 0, c.dense_params, c.expert_params, c.layer_params)
-                     for st in eg.stages for c in st.chunks), key=lambda c: c.vstage)
-    return _peak(eg.run, stage_loads(layout, len(eg.stages)),
+    chunks = sorted((c for st in eg.stages for c in st.chunks), key=lambda c: c.vstage)
+    return _peak(eg.run, stage_loads(chunks, len(eg.stages)),
                  [in_flight_microbatches(st.schedule) for st in eg.stages])
 
 
