@@ -352,6 +352,8 @@ def _run_dict(plan: StepPlan, hardware: dict) -> dict:
         "micro_batch_size": s["micro_batch_size"], "global_batch_size": s["global_batch_size"],
         "pipeline_schedule": s["pipeline_schedule"], "zero_stage": 3 if sharded == "fsdp" else s["zero_stage"],
         "fsdp": bool(s["fsdp"]), "recompute": s["recompute"], "precision": s["precision"],
+        # bf16 steps run the fp32 model under torch.autocast (no bf16 weights, no master copy)
+        **({"mixed_precision": "autocast"} if s["precision"] == "bf16" else {}),
         "flash_attention": True, "grad_bucket_size_MiB": s["grad_bucket_size_MiB"],
         "overlap_grad_reduce": overlap_grad,
         # FSDP2 issues each all-gather in the layer's pre-forward hook and waits for it there (no
