@@ -10,7 +10,9 @@
    **single-process** steps only, as ``experiments/calibrate_steps.py`` does for GPUs, and every
    step is simulated again: the multi-process steps are held out of both fits.
 4. The script prints the MAPE and mean bias per strategy kind, single-process and
-   multi-process apart, and the worst runs, for both sets of constants.
+   multi-process apart, per precision (fp32, bf16 under torch.autocast), and the worst runs, for
+   both sets of constants and for the shipped constants fitted on GPUs alone (what the simulator
+   predicts for a CPU it has never measured: the ``unseen_device:CPU`` split's simulator).
 
 Usage: ``python experiments/cpu_steps_accuracy.py [DATASET_DIR ...]`` (default: every
 directory under ``datasets/measured/`` that has both kinds of record).
@@ -89,9 +91,13 @@ def evaluate(directory: Path) -> list[dict]:
                     step_params, best = trial, val
     print(f"  whole-step constants fit on the {len(single)} single-process steps: "
           + ", ".join(f"{k}={getattr(step_params, k):g}" for k in STEP_GRIDS) + f" (fit MAPE {best:.1%})")
-    for label, params in (("operator fit only", op_params), ("with whole-step fit", step_params)):
+    from learnedperf.cost.params import default_params
+
+    for label, params in (("shipped GPU constants", default_params()), ("operator fit only", op_params),
+                          ("with whole-step fit", step_params)):
         for p, (spec, rec) in zip(predict(params, runs), runs):
-            out.append({"fit": label, "kind": rec["strategy_kind"], "world": int(rec["world_size"]),
+            prec = spec.strategy.precision + (" autocast" if spec.strategy.autocast else "")
+            out.append({"fit": label, "kind": rec["strategy_kind"], "world": int(rec["world_size"]), "precision": prec,
                         "model": rec["model_name"], "measured_ms": float(rec["iteration_time_ms"]),
                         "predicted_ms": p, "id": rec["run_id"]})
     return out
@@ -112,6 +118,8 @@ def report(rows: list[dict]) -> None:
         print(f"{label}: " + line("all", sub).strip())
         for kind in sorted({r["kind"] for r in sub}):
             print(line(kind, [r for r in sub if r["kind"] == kind]))
+    print("by precision: " + "; ".join(line(p, [r for r in rows if r["precision"] == p]).strip()
+                                       for p in sorted({r["precision"] for r in rows})))
     worst = sorted(rows, key=lambda r: -abs(r["predicted_ms"] / r["measured_ms"] - 1))[:5]
     print("worst runs:")
     for r in worst:
@@ -129,7 +137,7 @@ def main(argv: list[str]) -> int:
         return 1
     for d in dirs:
         rows = evaluate(d)
-        for label in ("operator fit only", "with whole-step fit"):
+        for label in ("shipped GPU constants", "operator fit only", "with whole-step fit"):
             sub = [r for r in rows if r["fit"] == label]
             print(f"{d.name}, {label}: {len(sub)} transformer steps simulated")
             report(sub)

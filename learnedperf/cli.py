@@ -59,7 +59,7 @@ _STRATEGY_FLAGS = {
     "schedule": "pipeline_schedule", "virtual_stages": "virtual_pipeline_stages",
     "zero": "zero_stage", "fsdp": "fsdp", "recompute": "recompute",
     "sequence_parallel": "sequence_parallel", "precision": "precision",
-    "flash_attention": "flash_attention",
+    "mixed_precision": "mixed_precision", "flash_attention": "flash_attention",
 }
 # flag dest -> key of the run format's "hardware" object
 _HARDWARE_FLAGS = {"device": "device", "cluster": "cluster", "num_devices": "num_devices",
@@ -131,6 +131,9 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--recompute", choices=("none", "selective", "full"), help="activation recomputation")
     m.add_argument("--sequence-parallel", action="store_const", const=True)
     m.add_argument("--precision", choices=("fp32", "tf32", "bf16", "fp16", "fp8"))
+    m.add_argument("--mixed-precision", choices=("master_weights", "autocast"),
+                   help="bf16/fp16 weights with fp32 master copies (default, Megatron/DeepSpeed) or fp32 "
+                        "weights cast at every GEMM (torch.autocast)")
     m.add_argument("--no-flash-attention", dest="flash_attention", action="store_const", const=False,
                    help="unfused attention (the s x s scores are materialised)")
 
@@ -451,7 +454,7 @@ def _table(pred: dict, run: Any) -> str:
         knobs.append("sequence parallel")
     if not s.flash_attention:
         knobs.append("no flash attention")
-    knobs.append(s.precision)
+    knobs.append(s.precision + (" autocast" if s.autocast else ""))
 
     mem = pred["peak_memory_GiB"]
     fits = "fits" if pred["fits_in_memory"] else "does NOT fit"

@@ -23,7 +23,8 @@ What is covered, and how:
   some ``3·2^k`` (as the 3,072-GPU SC21 runs);
 * **strategy** — tp, pp (gpipe / 1f1b / interleaved), dp, cp, ep (MoE), ZeRO 0-3,
   FSDP, recompute none / selective / full, sequence parallelism, every precision
-  the device supports, micro-batch size and number of micro-batches.
+  the device supports (bf16/fp16 a quarter of the time as torch.autocast over fp32
+  weights, else with fp32 master weights), micro-batch size and number of micro-batches.
 
 Choices that keep generation fast and the simulator on safe ground, on purpose:
 pipelines of 16 / 32 / 64 stages are drawn rarely (about 1.5 %, 0.15 %, 0.1 % of
@@ -54,7 +55,7 @@ from typing import Any, Iterator
 
 from ..errors import InputError, LearnedPerfError, SpecError
 
-SAMPLER_VERSION = "1"
+SAMPLER_VERSION = "2"
 """Version of the sampling distribution; a change gives other runs for the same seed."""
 
 FAMILIES = ("gpt", "llama", "bert", "moe")
@@ -74,6 +75,9 @@ _VOCAB = {"gpt": (50257, 50304, 51200), "llama": (32000, 32000, 128256), "bert":
 _PP_WEIGHTS = {1: 4.0, 2: 3.0, 4: 3.0, 8: 2.0, 16: 0.4, 32: 0.08, 64: 0.03}
 _MAX_PP_ZERO3 = 4
 _PRECISION_WEIGHTS = {"bf16": 0.45, "fp16": 0.2, "fp8": 0.12, "tf32": 0.1, "fp32": 0.13}
+#: share of bf16/fp16 runs drawn as torch.autocast (PyTorch AMP, FSDP and HuggingFace users) rather than
+#: Megatron/DeepSpeed master weights: a sampling choice for coverage, not a measured share
+_AUTOCAST_SHARE = 0.25
 _BYTES_PER_PARAM = 18.0  # bf16 weights 2 + fp32 grads 4 + fp32 master 4 + two Adam moments 8 (ZeRO paper §3.1)
 
 
@@ -304,6 +308,8 @@ def _draw_strategy(rng: random.Random, spec_model: Any, device: dict, num_device
             s["ep"] = rng.choice(eps)
     precisions = {p: w for p, w in _PRECISION_WEIGHTS.items() if device["peak_tflops"].get(p) is not None}
     s["precision"] = _weighted(rng, precisions)
+    if s["precision"] in ("bf16", "fp16") and rng.random() < _AUTOCAST_SHARE:
+        s["mixed_precision"] = "autocast"
     if rng.random() < 0.1:
         s["flash_attention"] = False
     if rng.random() < 0.15 and not s.get("fsdp") and s.get("zero_stage", 0) < 3:
@@ -383,7 +389,7 @@ def states_lower_bound_GiB(spec: Any) -> float:
               + m.embedding_params()) / s.tp / s.pp
     shards = s.dp * s.cp
     zero = s.effective_zero_stage
-    pbytes = 2 if s.precision == "fp8" else {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}[s.precision]
+    pbytes = 2 if s.precision == "fp8" else {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}[s.weight_precision]
     gbytes = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}[s.reduce_precision]
     opt = (4 if pbytes < 4 else 0) + (8 if s.optimizer == "adam" else 0)
     per_param = (pbytes / (shards if zero >= 3 else 1) + gbytes / (shards if zero >= 2 else 1)

@@ -34,7 +34,7 @@ from ..data.graphs import DTYPES, EDGE_TYPES, KINDS, NODE_FEATURES, PHASES, SHAP
 from ..errors import InputError
 from .ops import FeatureSchema
 
-GRAPH_FEATURE_SCHEMA_VERSION = 1
+GRAPH_FEATURE_SCHEMA_VERSION = 2
 """Version of the node, edge and global feature schemas together; bumped on any change of names,
 order or meaning (checkpoints refuse to load under another version)."""
 
@@ -97,6 +97,7 @@ def _global_features() -> tuple[tuple[str, str], ...]:
           ("log_micro_batch_size", "log(sequences per micro-batch)"),
           ("log_num_microbatches", "log(micro-batches per pipeline per iteration)")]
     f += [(f"precision={p}", f"1 if the training precision is {p!r}") for p in DTYPES]
+    f += [("autocast", "1 if fp32 weights are cast to the precision at every GEMM (torch.autocast)")]
     f += [("log_peak_flops", "log(peak FLOP/s of the run's precision; the fp32 peak if the device has none)"),
           ("log_mem_bw_Bps", "log(device memory bandwidth in bytes/s)"),
           ("log_device_memory_GiB", "log(device memory in GiB)"),
@@ -372,6 +373,7 @@ def global_feature_vector(spec: Any, sim_time_ms: float, breakdown_ms: Mapping[s
         "log_cp": math.log(s.cp), "log_ep": math.log(s.ep),
         "log_num_nodes": math.log(hw.num_nodes), "log_node_size": math.log(hw.node_size),
         "sequence_parallel": float(s.sequence_parallel),
+        "autocast": float(s.autocast),
         "log_virtual_pipeline_stages": math.log(s.virtual_pipeline_stages),
         "log_micro_batch_size": math.log(s.micro_batch_size),
         "log_num_microbatches": math.log(spec.num_microbatches),

@@ -34,7 +34,7 @@ from ..graph.transformer import (backward_of, embedding_forward, head_forward, l
                                  optimizer_ops, shard_for)
 from .ops import FeatureSchema
 
-RUN_FEATURE_SCHEMA_VERSION = 1
+RUN_FEATURE_SCHEMA_VERSION = 2
 """Version of :data:`RUN_FEATURE_SCHEMA`; bumped on any change of names, order or meaning."""
 
 _ARCHS = ("gpt", "llama", "bert", "moe")
@@ -86,6 +86,7 @@ def _features() -> tuple[tuple[str, str], ...]:
     f += [(f"schedule={s}", f"1 if the pipeline schedule is {s!r}") for s in _SCHEDULES]
     f += [(f"recompute={r}", f"1 if recomputation is {r!r}") for r in _RECOMPUTE]
     f += [(f"precision={p}", f"1 if the precision is {p!r}") for p in _PRECISIONS]
+    f += [("autocast", "1 if fp32 weights are cast at every GEMM (mixed_precision 'autocast')")]
     f += [("log_tokens_per_microbatch", "log tokens one rank processes per micro-batch (b·s/cp)"),
           ("log_gemm_n", "log hidden size per tensor-parallel rank"),
           ("log_model_flops_per_device", "log model FLOPs per device per iteration")]
@@ -202,7 +203,7 @@ def layer_cost(run: Any, ctx: RunContext) -> tuple[float, ...]:
     backward + recomputation, cached per distinct shard in ``ctx``."""
     s = run.strategy
     dpn = run.hardware.node_size
-    key = (s.tp, s.cp, s.ep, s.dp, s.micro_batch_size, s.precision, s.flash_attention,
+    key = (s.tp, s.cp, s.ep, s.dp, s.micro_batch_size, s.precision, s.mixed_precision, s.flash_attention,
            s.sequence_parallel, s.recompute)
     hit = ctx.layer_costs.get(key)
     if hit is not None:
@@ -279,7 +280,8 @@ def analytic_time(run: Any, ctx: RunContext, loads: Optional[list] = None) -> An
     memory_bound = dense_layers * dense_mem * mb
     pp_s = 0.0
     if pp > 1 and not s.overlap_p2p:
-        e = 2 if s.precision == "fp8" else _BYTES[s.precision]
+        # the residual stream crosses stages: fp32 under autocast
+        e = 4 if s.autocast else 2 if s.precision == "fp8" else _BYTES[s.precision]
         act = s.micro_batch_size * m.seq_length / cp * m.hidden_size * e
         p2p = act / (tp if s.sequence_parallel and tp > 1 else 1)
         pp_s = 2 * p2p * mb * v / _link_Bps(ctx, pp, tp * cp * dp)
@@ -313,7 +315,7 @@ def analytic_time(run: Any, ctx: RunContext, loads: Optional[list] = None) -> An
     else:
         exposed = max(0.0, dp_s - (compute * 2.0 / 3.0 / mb if s.overlap_grad_reduce else 0.0))
     local = (dense_p + expert_p) / (dp * cp if zero >= 1 else 1)
-    opt = sum(ctx.cost.compute_time_s(op) for op in optimizer_ops(local, s.optimizer, s.precision))
+    opt = sum(ctx.cost.compute_time_s(op) for op in optimizer_ops(local, s.optimizer, s.weight_precision))
     bubble = (pp - 1) / (v * mb) if pp > 1 else 0.0
     return AnalyticTime(compute, layer_comm, flops / peak, memory_bound, pp_s, dp_s, opt, bubble, exposed)
 
@@ -343,6 +345,7 @@ def run_features(run: Any, ctx: RunContext, peak_memory_GiB: float,
     x += [1.0 if sched == k else 0.0 for k in _SCHEDULES]
     x += [1.0 if s.recompute == k else 0.0 for k in _RECOMPUTE]
     x += [1.0 if s.precision == k else 0.0 for k in _PRECISIONS]
+    x.append(1.0 if s.autocast else 0.0)
     m = run.model
     x += [math.log(s.micro_batch_size * m.seq_length / s.cp), math.log(m.hidden_size / s.tp),
           math.log(ctx.flops_per_seq * s.global_batch_size / run.hardware.num_devices)]

@@ -170,7 +170,8 @@ class ChunkLayout:
 
 def state_bytes_per_param(s) -> tuple[int, int]:
     """Bytes per parameter of the compute weights and of the gradients for strategy ``s``."""
-    pbytes = dtype_bytes(s.precision) if s.precision not in ("fp8",) else 2  # fp8 runs keep bf16 weights
+    # fp8 runs keep bf16 weights; autocast keeps fp32 weights and casts them at each GEMM
+    pbytes = dtype_bytes(s.weight_precision) if s.precision not in ("fp8",) else 2
     return pbytes, dtype_bytes(s.reduce_precision)
 
 
@@ -220,7 +221,7 @@ class StageLoad:
 
 
 def stage_loads(layout: list, pp: int) -> list[StageLoad]:
-    """Per pipeline rank (``pp`` of them), the sums over its chunks ``layout[rank::pp]``.
+    r"""Per pipeline rank (``pp`` of them), the sums over its chunks ``layout[rank::pp]``.
 
     ``layout`` lists every virtual stage's chunk in order: :class:`ChunkLayout`\ s, or a compiled
     graph's :class:`Chunk`\ s (both carry ``vstage``, ``num_layers``, the parameter counts and
@@ -301,11 +302,11 @@ def compile_run(run: RunSpec, num_microbatches: int | None = None) -> ExecutionG
             sched = schedule_1f1b(pp, m, st)
         params = sum(c.params for c in chunks)
         local = params / dp if zero >= 1 else params  # ZeRO shards the optimizer step over dp
-        stages.append(Stage(st, chunks, sched, optimizer_ops(local, s.optimizer, s.precision)))
+        stages.append(Stage(st, chunks, sched, optimizer_ops(local, s.optimizer, s.weight_precision)))
 
     h, V = model.hidden_size, model.vocab_size
     # with sequence parallelism Megatron sends only this rank's 1/tp of the activations between stages
-    p2p_bytes = sh.tokens * h * sh.e / (tp if sh.sp else 1)
+    p2p_bytes = sh.tokens * h * sh.e_res / (tp if sh.sp else 1)  # the residual stream crosses stages
     tied = V * h / tp * gbytes if (model.tie_embeddings and n_v > 1) else 0.0
     return ExecutionGraph(run, stages, m, p2p_bytes, pp_group, dp_group, expert_dp_group, tp_group,
                           s.grad_bucket_size_MiB * MiB, gbytes, pbytes, tied)

@@ -31,11 +31,23 @@ class Shard:
     cp_group: Group = Group(1, 1)
     ep_group: Group = Group(1, 1)
     ep: int = 1
+    autocast: bool = False  # fp32 weights cast to ``dtype`` at every GEMM (torch.autocast)
 
     @property
     def e(self) -> int:
         """Bytes per activation element (fp8 runs keep activations in bf16)."""
         return max(2, dtype_bytes(self.dtype)) if self.dtype == "fp8" else dtype_bytes(self.dtype)
+
+    @property
+    def e_res(self) -> int:
+        """Bytes per element of the residual stream and of norm inputs and outputs: fp32 under autocast
+        (norms run in fp32 and a bf16 branch added to an fp32 residual promotes to fp32), else ``e``."""
+        return 4 if self.autocast else self.e
+
+    @property
+    def res_dtype(self) -> str:
+        """Dtype of the residual stream and the norms (see :attr:`e_res`)."""
+        return "fp32" if self.autocast else self.dtype
 
     @property
     def tokens(self) -> int:
@@ -48,12 +60,34 @@ def shard_for(run: RunSpec, tp_group: Group, cp_group: Group, ep_group: Group) -
     s, m = run.strategy, run.model
     return Shard(b=s.micro_batch_size, s=m.seq_length // s.cp, s_kv=m.seq_length, tp=s.tp,
                  sp=s.sequence_parallel and s.tp > 1, dtype=s.precision, flash=s.flash_attention,
-                 tp_group=tp_group, cp_group=cp_group, ep_group=ep_group, ep=s.ep)
+                 tp_group=tp_group, cp_group=cp_group, ep_group=ep_group, ep=s.ep, autocast=s.autocast)
+
+
+def cast(name: str, phase: str, numel: float, src_bytes: int, dst_bytes: int, dtype: str) -> Op:
+    """A dtype conversion of ``numel`` elements (reads ``src_bytes``, writes ``dst_bytes`` each).
+
+    Named ``*.cast``: its backward converts the gradient back with the same traffic
+    (:func:`backward_of`), not the two passes of other memory-bound ops.
+    """
+    return Op(f"{name}.cast", "elementwise", phase, float(numel), float(numel * (src_bytes + dst_bytes)), dtype,
+              (int(numel), 1))
+
+
+def _autocast_gemm(ops: list[Op], sh: Shard, name: str, weights: float, inputs: float = 0.0) -> None:
+    """Under autocast, the casts before a GEMM: its fp32 weight (``weights`` elements, once per forward:
+    autocast caches the copy for the rest of the forward) and, when it comes from the fp32 residual
+    stream or a norm, its input (``inputs`` elements)."""
+    if not sh.autocast:
+        return
+    ops.append(cast(f"{name}.weight", "fwd", weights, 4, sh.e, sh.dtype))
+    if inputs:
+        ops.append(cast(f"{name}.input", "fwd", inputs, 4, sh.e, sh.dtype))
 
 
 def layer_forward(model: ModelSpec, sh: Shard, moe: bool = False, prefix: str = "layer") -> list[Op]:
     """Forward ops of one transformer layer on one rank, TP/SP/CP/EP collectives included."""
     h, hd, t, e, dt = model.hidden_size, model.head_dim, sh.tp, sh.e, sh.dtype
+    er, rdt = sh.e_res, sh.res_dtype  # residual stream and norms (fp32 under autocast)
     a_local = model.num_attention_heads // t
     kv_local = max(1, model.num_kv_heads // t)
     T = sh.tokens
@@ -75,9 +109,10 @@ def layer_forward(model: ModelSpec, sh: Shard, moe: bool = False, prefix: str = 
             ops.append(comm(f"{prefix}.{tag}.tp_{kind}", kind, "fwd", act_nbytes, sh.tp_group, dt))
 
     # --- attention block
-    ops.append(elementwise(f"{prefix}.attn.{norm}", norm, "fwd", T_norm * h, 1, 1, e, dt, 5.0, h))
+    ops.append(elementwise(f"{prefix}.attn.{norm}", norm, "fwd", T_norm * h, 1, 1, er, rdt, 5.0, h))
     tp_in("attn")
     qkv_out = (a_local + 2 * kv_local) * hd
+    _autocast_gemm(ops, sh, f"{prefix}.attn.qkv", h * qkv_out, T * h)
     ops.append(matmul(f"{prefix}.attn.qkv", "fwd", T, qkv_out, h, dt, e))
     if model.position_embedding == "rope":
         ops.append(elementwise(f"{prefix}.attn.rope", "elementwise", "fwd", T * (a_local + kv_local) * hd,
@@ -102,17 +137,19 @@ def layer_forward(model: ModelSpec, sh: Shard, moe: bool = False, prefix: str = 
             ops.append(elementwise(f"{prefix}.attn.dropout", "elementwise", "fwd", scores, 1, 1, e, dt, 2.0,
                                    sh.s_kv))
         ops.append(matmul(f"{prefix}.attn.context", "fwd", sh.s, hd, sh.s_kv, dt, e, batch=bh))
+    _autocast_gemm(ops, sh, f"{prefix}.attn.proj", a_local * hd * h)
     ops.append(matmul(f"{prefix}.attn.proj", "fwd", T, h, a_local * hd, dt, e))
     tp_out("attn")
-    ops.append(elementwise(f"{prefix}.attn.residual", "elementwise", "fwd", T_norm * h, 2, 1, e, dt, 2.0, h))
+    ops.append(elementwise(f"{prefix}.attn.residual", "elementwise", "fwd", T_norm * h, 2, 1, er, rdt, 2.0, h))
     # --- MLP block
-    ops.append(elementwise(f"{prefix}.mlp.{norm}", norm, "fwd", T_norm * h, 1, 1, e, dt, 5.0, h))
+    ops.append(elementwise(f"{prefix}.mlp.{norm}", norm, "fwd", T_norm * h, 1, 1, er, rdt, 5.0, h))
     tp_in("mlp")
     f_local = model.ffn_hidden_size // t
     gated = model.activation == "swiglu"
     up = f_local * (2 if gated else 1)
     if moe:
         E, k = model.num_experts, model.moe_top_k
+        _autocast_gemm(ops, sh, f"{prefix}.moe.router", h * E, T * h)
         ops.append(matmul(f"{prefix}.moe.router", "fwd", T, E, h, dt, e))
         ops.append(elementwise(f"{prefix}.moe.topk", "softmax", "fwd", T * E, 1, 1, 4, "fp32", 5.0, E))
         routed = T * k  # token copies this rank sends out and (balanced) receives back
@@ -120,20 +157,25 @@ def layer_forward(model: ModelSpec, sh: Shard, moe: bool = False, prefix: str = 
             ops.append(comm(f"{prefix}.moe.dispatch", "alltoall", "fwd", routed * h * e, sh.ep_group, dt))
         local_experts = E // sh.ep
         rows = max(1, routed // local_experts)  # tokens per local expert (balanced routing)
+        # the router already cast the tokens: only the expert weights are new
+        _autocast_gemm(ops, sh, f"{prefix}.mlp.fc1", local_experts * h * up)
         ops.append(matmul(f"{prefix}.mlp.fc1", "fwd", rows, up, h, dt, e, batch=local_experts))
         ops.append(elementwise(f"{prefix}.mlp.act", "elementwise", "fwd", routed * f_local, 2 if gated else 1, 1,
                                e, dt, 8.0, f_local))
+        _autocast_gemm(ops, sh, f"{prefix}.mlp.fc2", local_experts * f_local * h)
         ops.append(matmul(f"{prefix}.mlp.fc2", "fwd", rows, h, f_local, dt, e, batch=local_experts))
         if sh.ep > 1:
             ops.append(comm(f"{prefix}.moe.combine", "alltoall", "fwd", routed * h * e, sh.ep_group, dt))
         ops.append(elementwise(f"{prefix}.moe.weighted_sum", "elementwise", "fwd", routed * h, 1, 1, e, dt, 2.0, h))
     else:
+        _autocast_gemm(ops, sh, f"{prefix}.mlp.fc1", h * up, T * h)
         ops.append(matmul(f"{prefix}.mlp.fc1", "fwd", T, up, h, dt, e))
         ops.append(elementwise(f"{prefix}.mlp.act", "elementwise", "fwd", T * f_local, 2 if gated else 1, 1, e,
                                dt, 8.0, f_local))
+        _autocast_gemm(ops, sh, f"{prefix}.mlp.fc2", f_local * h)
         ops.append(matmul(f"{prefix}.mlp.fc2", "fwd", T, h, f_local, dt, e))
     tp_out("mlp")
-    ops.append(elementwise(f"{prefix}.mlp.residual", "elementwise", "fwd", T_norm * h, 2, 1, e, dt, 2.0, h))
+    ops.append(elementwise(f"{prefix}.mlp.residual", "elementwise", "fwd", T_norm * h, 2, 1, er, rdt, 2.0, h))
     return ops
 
 
@@ -168,6 +210,9 @@ def backward_of(fwd: list[Op]) -> list[Op]:
             out.append(Op(f"{name}.bwd", "allgather", "bwd", 0.0, op.bytes, op.dtype, (), op.group))
         elif op.kind in ("allreduce", "alltoall", "p2p"):
             out.append(Op(f"{name}.bwd", op.kind, "bwd", 0.0, op.bytes, op.dtype, (), op.group))
+        elif name.endswith(".cast"):
+            # the gradient of a cast is the reverse cast of the same number of elements
+            out.append(Op(f"{name}.bwd", op.kind, "bwd", op.flops, op.bytes, op.dtype, op.shape))
         else:
             out.append(Op(f"{name}.bwd", op.kind, "bwd", op.flops * 2.0, op.bytes * 2.0, op.dtype, op.shape))
     return out
@@ -175,7 +220,8 @@ def backward_of(fwd: list[Op]) -> list[Op]:
 
 def embedding_forward(model: ModelSpec, sh: Shard) -> list[Op]:
     """Token (and position) embedding lookup on the first pipeline stage."""
-    h, e, dt, T = model.hidden_size, sh.e, sh.dtype, sh.tokens
+    # the table is a weight: fp32 under autocast (embedding is not an autocast op), like the residual stream
+    h, e, dt, T = model.hidden_size, sh.e_res, sh.res_dtype, sh.tokens
     ops = [Op("embedding.lookup", "embedding", "fwd", 0.0, float(T * h * e + T * 8), dt, (T, h))]
     if model.position_embedding == "learned":
         ops.append(elementwise("embedding.position_add", "elementwise", "fwd", T * h, 2, 1, e, dt, 1.0, h))
@@ -191,10 +237,14 @@ def head_forward(model: ModelSpec, sh: Shard) -> list[Op]:
     h, e, dt, T, t = model.hidden_size, sh.e, sh.dtype, sh.tokens, sh.tp
     v_local = -(-model.vocab_size // t)
     T_norm = T // t if sh.sp else T
-    ops = [elementwise(f"head.{model.norm}", model.norm, "fwd", T_norm * h, 1, 1, e, dt, 5.0, h)]
+    ops = [elementwise(f"head.{model.norm}", model.norm, "fwd", T_norm * h, 1, 1, sh.e_res, sh.res_dtype, 5.0, h)]
     if t > 1 and sh.sp:
-        ops.append(comm("head.sp_allgather", "allgather", "fwd", T * h * e, sh.tp_group, dt))
+        ops.append(comm("head.sp_allgather", "allgather", "fwd", T * h * sh.e_res, sh.tp_group, sh.res_dtype))
+    _autocast_gemm(ops, sh, "head.logits", v_local * h, T * h)
     ops.append(matmul("head.logits", "fwd", T, v_local, h, dt, e))
+    if sh.autocast:
+        # cross_entropy is on autocast's fp32 list: the low-precision logits are cast up first
+        ops.append(cast("head.logits_fp32", "fwd", T * v_local, e, 4, "fp32"))
     # cross-entropy in fp32: max, exp-sum and gather passes over the local logits
     ops.append(elementwise("head.cross_entropy", "cross_entropy", "fwd", T * v_local, 2, 1, 4, "fp32", 5.0,
                            v_local))
@@ -221,13 +271,13 @@ def optimizer_ops(params: float, optimizer: str, precision: str) -> list[Op]:
 
 
 def operator_graph(model: ModelSpec, batch: int = 1, precision: str = "bf16", flash: bool = True,
-                   optimizer: str = "adam") -> OpGraph:
+                   optimizer: str = "adam", autocast: bool = False) -> OpGraph:
     """The full operator graph of one training step of an unsharded model.
 
     Identical layers are one block of ops with ``repeat = num_layers`` (dense and
     MoE layers separately), so the graph stays small for any depth.
     """
-    sh = Shard(b=batch, s=model.seq_length, s_kv=model.seq_length, dtype=precision, flash=flash)
+    sh = Shard(b=batch, s=model.seq_length, s_kv=model.seq_length, dtype=precision, flash=flash, autocast=autocast)
     g = OpGraph()
     moe_layers = model.num_moe_layers
     dense_layers = model.num_layers - moe_layers
@@ -244,7 +294,7 @@ def operator_graph(model: ModelSpec, batch: int = 1, precision: str = "bf16", fl
     for ops, rep in reversed(fwd_blocks):
         for op in backward_of(ops):
             prev = [g.add(op, prev, rep)]
-    for op in optimizer_ops(model.num_params(), optimizer, precision):
+    for op in optimizer_ops(model.num_params(), optimizer, "fp32" if autocast else precision):
         g.add(op, prev, 1)
     return g
 

@@ -4,7 +4,9 @@ Model states follow Rajbhandari et al., "ZeRO" (SC20) §3.1 with Megatron's
 mixed-precision layout: low-precision weights, gradients in the reduction
 precision (fp32 in Megatron's bf16 recipe), fp32 master weights and two Adam
 moments; ZeRO-1 shards the optimizer states over dp, ZeRO-2 also the gradients,
-ZeRO-3 / FSDP also the weights.
+ZeRO-3 / FSDP also the weights. Under torch.autocast (``mixed_precision: "autocast"``) the weights
+and gradients are fp32 and there is no separate master copy; each layer's low-precision weight
+copies are saved for its backward, like activations.
 
 Activations follow Korthikanti et al., "Reducing Activation Recomputation in
 Large Transformer Models" (2022) §4, generalised from the saved tensors of
@@ -52,6 +54,7 @@ def layer_activation_bytes(run) -> float:
     b, seq = s.micro_batch_size, m.seq_length // s.cp
     h, t = m.hidden_size, s.tp
     e = 2 if s.precision in ("bf16", "fp16", "fp8") else 4
+    er = 4 if s.autocast else e  # norm inputs and the layer input: the fp32 residual stream under autocast
     sp = s.sequence_parallel and t > 1
     T = b * seq
     kv_hd = m.num_kv_heads * m.head_dim
@@ -59,9 +62,9 @@ def layer_activation_bytes(run) -> float:
     dropout = m.arch in ("gpt", "bert")
     f = m.ffn_hidden_size * (m.moe_top_k if m.is_moe else 1)
     if s.recompute == "full":
-        return T * h * e / (t if sp else 1)
+        return T * h * er / (t if sp else 1)
     # tensors replicated across TP ranks unless sequence parallel: norm inputs, QKV and FC1 inputs, masks
-    replicated = T * h * e * 2 + T * h * e * 2 + (2 * T * h if dropout else 0)
+    replicated = T * h * er * 2 + T * h * e * 2 + (2 * T * h if dropout else 0)
     sharded = (T * (h + kv_hd) * e  # Q and K for the scores
                + T * kv_hd * e  # V
                + T * h * e  # projection input (attention output)
@@ -152,6 +155,8 @@ def _peak(run, loads: list[StageLoad], in_flight: list[int]) -> MemoryBreakdown:
     master = 4 if pbytes < 4 else 0
     opt_per_param = master + (8 if adam else 0)
     per_layer = layer_activation_bytes(run)
+    # autocast: each GEMM saves its low-precision weight copy for backward (not kept under full recompute)
+    cast_copy = 2.0 if s.autocast and s.recompute != "full" else 0.0
     T = s.micro_batch_size * m.seq_length // s.cp
     # bytes per parameter of weights, gradients and optimizer states together, after ZeRO sharding
     state_per_param = (pbytes / (dp if zero >= 3 else 1) + gbytes / (dp if zero >= 2 else 1)
@@ -164,13 +169,14 @@ def _peak(run, loads: list[StageLoad], in_flight: list[int]) -> MemoryBreakdown:
 
     best_total, best_index = -1.0, 0
     for index, ld in enumerate(loads):
-        total = ((ld.dense_params + ld.expert_params) * state_per_param + per_layer * ld.layers * in_flight[index]
-                 + temporary(ld))
+        total = ((ld.dense_params + ld.expert_params) * state_per_param
+                 + (per_layer + cast_copy * ld.layer_params) * ld.layers * in_flight[index] + temporary(ld))
         if total > best_total:
             best_total, best_index = total, index
     ld = loads[best_index]
     params = ld.dense_params + ld.expert_params
     best = MemoryBreakdown(params * pbytes / (dp if zero >= 3 else 1), params * gbytes / (dp if zero >= 2 else 1),
                            params * opt_per_param / (dp if zero >= 1 else 1),
-                           per_layer * ld.layers * in_flight[best_index], temporary(ld), best_index)
+                           (per_layer + cast_copy * ld.layer_params) * ld.layers * in_flight[best_index],
+                           temporary(ld), best_index)
     return best

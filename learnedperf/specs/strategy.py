@@ -37,6 +37,12 @@ class Strategy(Spec):
     recompute: Literal["none", "selective", "full"] = "none"
     sequence_parallel: bool = False
     precision: Precision = "bf16"
+    mixed_precision: Literal["master_weights", "autocast"] = Field(
+        default="master_weights",
+        description="how a bf16/fp16 run keeps its weights: 'master_weights' = weights, activations and "
+                    "gradients in `precision` with fp32 master weights in the optimizer (Megatron, DeepSpeed); "
+                    "'autocast' = fp32 weights cast to `precision` at every GEMM, norms, softmax and loss in "
+                    "fp32 (torch.autocast / PyTorch AMP)")
     flash_attention: bool = Field(default=True, description="fused attention kernel (no s² tensor in memory)")
     grad_bucket_size_MiB: float = Field(default=25.0, gt=0, description="DDP gradient bucket (PyTorch default 25 MiB)")
     overlap_grad_reduce: bool = Field(default=True, description="reduce gradients while backward runs")
@@ -49,6 +55,9 @@ class Strategy(Spec):
 
     @model_validator(mode="after")
     def _check(self) -> "Strategy":
+        if self.mixed_precision == "autocast" and self.precision not in ("bf16", "fp16"):
+            raise FieldValueError("mixed_precision",
+                                  f"'autocast' casts fp32 weights to bf16 or fp16, not to precision {self.precision!r}")
         if self.pipeline_schedule == "interleaved" and self.virtual_pipeline_stages < 2:
             raise FieldValueError("virtual_pipeline_stages",
                                   "pipeline_schedule 'interleaved' needs virtual_pipeline_stages >= 2")
@@ -63,8 +72,20 @@ class Strategy(Spec):
         return 3 if self.fsdp else self.zero_stage
 
     @property
+    def autocast(self) -> bool:
+        """True when fp32 weights are cast to the run precision at every GEMM (torch.autocast)."""
+        return self.mixed_precision == "autocast"
+
+    @property
+    def weight_precision(self) -> str:
+        """Precision of the stored weights: fp32 under autocast, else the run precision."""
+        return "fp32" if self.autocast else self.precision
+
+    @property
     def reduce_precision(self) -> str:
-        """Precision in which gradients travel in data-parallel reduction."""
+        """Precision in which gradients travel in data-parallel reduction (autocast: the fp32 ``.grad``)."""
         if self.grad_reduce_precision is not None:
             return self.grad_reduce_precision
+        if self.autocast:
+            return "fp32"
         return "fp32" if self.precision in ("bf16", "fp8", "fp32", "tf32") else self.precision
