@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .errors import InputError
-from .io import load_json_file
+from .io import load_json_file, load_json_object
 
 FORMAT = "learnedperf-checkpoint"
 FORMAT_VERSION = 1
@@ -231,12 +231,7 @@ def load_checkpoint(path: str | Path | None = None) -> Checkpoint:
     mpath = path / MANIFEST
     if not mpath.is_file():
         raise InputError(f"{mpath}: no checkpoint manifest (train one with 'learnedperf train')")
-    manifest = load_json_file(mpath)
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise InputError(f"{mpath}: not a learnedperf checkpoint manifest")
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise InputError(f"{mpath}: checkpoint format version {manifest.get('format_version')!r}; this learnedperf "
-                         f"reads version {FORMAT_VERSION}")
+    manifest = load_json_object(mpath, "learnedperf checkpoint manifest", FORMAT, FORMAT_VERSION)
     files = manifest.get("files")
     if not isinstance(files, dict):
         raise InputError(f"{mpath}: 'files' must map file names to their sha256")

@@ -194,8 +194,8 @@ def write_jsonl(records: Iterable[Any], destination: PathOrStream) -> int:
     return count
 
 
-__all__ = ["Item", "PathOrStream", "dumps_line", "open_input", "open_output", "read_jsonl",
-           "read_records", "write_jsonl"]
+__all__ = ["Item", "PathOrStream", "dumps_line", "load_json_file", "load_json_object", "open_input", "open_output",
+           "read_jsonl", "read_records", "write_jsonl"]
 
 
 def load_json_file(path: str | os.PathLike[str]) -> Any:
@@ -215,3 +215,22 @@ def load_json_file(path: str | os.PathLike[str]) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise InputError(f"{_describe(path)}: invalid JSON: {exc.msg} (line {exc.lineno})") from None
+
+
+def load_json_object(path: str | os.PathLike[str], what: str, fmt: str | None = None,
+                     version: Any = None) -> dict:
+    """The JSON object of a file that describes ``what`` (a manifest or sidecar), checked.
+
+    ``fmt``: the ``"format"`` the object must name; ``version``: its ``"format_version"``.
+
+    Raises:
+        InputError: unreadable or not JSON (:func:`load_json_file`), not an object, another format,
+            or another format version; the message names the path.
+    """
+    data = load_json_file(path)
+    if not isinstance(data, dict) or (fmt is not None and data.get("format") != fmt):
+        raise InputError(f"{_describe(path)}: not a {what}")
+    if version is not None and data.get("format_version") != version:
+        raise InputError(f"{_describe(path)}: {what} format version {data.get('format_version')!r}; this "
+                         f"learnedperf reads version {version}")
+    return data

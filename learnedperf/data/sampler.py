@@ -381,6 +381,8 @@ def states_lower_bound_GiB(spec: Any) -> float:
     holds at least the average, so a run above this bound cannot fit and is rejected without
     compiling it (the exact check decides every other run).
     """
+    from ..graph.execution import state_bytes_per_param  # the bytes peak_memory uses
+
     m, s = spec.model, spec.strategy
     mlp = m.mlp_matrices * m.hidden_size * m.ffn_hidden_size
     dense = m.layer_params(False)
@@ -389,8 +391,7 @@ def states_lower_bound_GiB(spec: Any) -> float:
               + m.embedding_params()) / s.tp / s.pp
     shards = s.dp * s.cp
     zero = s.effective_zero_stage
-    pbytes = 2 if s.precision == "fp8" else {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}[s.weight_precision]
-    gbytes = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}[s.reduce_precision]
+    pbytes, gbytes = state_bytes_per_param(s)
     opt = (4 if pbytes < 4 else 0) + (8 if s.optimizer == "adam" else 0)
     per_param = (pbytes / (shards if zero >= 3 else 1) + gbytes / (shards if zero >= 2 else 1)
                  + opt / (shards if zero >= 1 else 1))

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from ..errors import InputError
-from ..io import load_json_file
+from ..io import load_json_object
 from ..measure.records import sha256_file, verify_files
 
 MANIFEST = "manifest.json"
@@ -138,9 +138,7 @@ def verify(directory: str | Path) -> dict:
     path = directory / MANIFEST
     if not path.exists():
         raise InputError(f"{path}: no manifest (not a generated data set, or its generation has not finished)")
-    manifest = load_json_file(path)
-    if not isinstance(manifest, dict) or manifest.get("format") != DATASET_FORMAT:
-        raise InputError(f"{path}: not a learnedperf data set manifest")
+    manifest = load_json_object(path, "learnedperf data set manifest", DATASET_FORMAT)
     verify_files(directory, manifest.get("files", {}), MANIFEST, what="shard")
     return manifest
 

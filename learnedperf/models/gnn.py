@@ -48,7 +48,7 @@ from ..features.graph import (EDGE_FEATURE_SCHEMA, GLOBAL_FEATURE_SCHEMA, GRAPH_
                               NODE_FEATURE_SCHEMA, SIMULATOR_GLOBAL_FEATURES, edge_feature_matrix,
                               global_feature_vector, global_features_from_record, graph_feature_schema_dict,
                               node_feature_matrix)
-from ..io import load_json_file
+from ..io import load_json_object
 from ..measure.records import sha256_file
 
 WEIGHTS_FILE = "gnn.safetensors"
@@ -651,12 +651,7 @@ class GNNRegressor:
 
         directory = Path(directory)
         meta_path, weights = directory / META_FILE, directory / WEIGHTS_FILE
-        meta = load_json_file(meta_path)
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-            raise InputError(f"{meta_path}: not a {FORMAT} checkpoint")
-        if meta.get("format_version") != FORMAT_VERSION:
-            raise InputError(f"{meta_path}: format_version {meta.get('format_version')!r}, this package reads "
-                             f"{FORMAT_VERSION}")
+        meta = load_json_object(meta_path, f"{FORMAT} checkpoint", FORMAT, FORMAT_VERSION)
         fs = meta.get("feature_schema")
         if not isinstance(fs, dict) or fs.get("version") != GRAPH_FEATURE_SCHEMA_VERSION:
             got = fs.get("version") if isinstance(fs, dict) else None

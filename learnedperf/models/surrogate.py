@@ -25,7 +25,7 @@ from typing import Any, Optional
 
 from ..errors import InputError
 from ..features.run import RUN_FEATURE_SCHEMA
-from ..io import load_json_file
+from ..io import load_json_object
 from ..measure.records import sha256_file
 
 META_FILE = "surrogate.json"
@@ -163,9 +163,7 @@ class SurrogateRegressor:
 
         directory = Path(directory)
         meta_path = directory / META_FILE
-        meta = load_json_file(meta_path)
-        if not isinstance(meta, dict):
-            raise InputError(f"{meta_path}: not a surrogate sidecar (a JSON object)")
+        meta = load_json_object(meta_path, "surrogate sidecar (a JSON object)")
         RUN_FEATURE_SCHEMA.check_sidecar(meta.get("feature_schema"), meta_path)
         models = meta.get("models")
         if not isinstance(models, dict) or "time" not in models:
