@@ -180,6 +180,8 @@ GOOD = {"model": "gpt3-1.3b", "cluster": "dgx-a100", "num_devices": "8", "tp": "
     ({"measured_at": "yesterday"}, "measured_at", "ISO-8601"),
     ({"run": "{}"}, "model", "a row gives either"),
     ({"model": "{\"arch\": \"gpt\""}, "model", "invalid JSON"),
+    ({"collective_busbw_ratio": "{\"allgather\": 0.5"}, "collective_busbw_ratio", "invalid JSON"),
+    ({"collective_busbw_ratio": "{\"gather\": 0.5}"}, "hardware.collective_busbw_ratio.gather", "unknown collective"),
 ])
 def test_each_bad_value_names_its_field(tmp_path, change, field, words):
     row = {**GOOD, **change}
@@ -195,6 +197,18 @@ def test_each_bad_value_names_its_field(tmp_path, change, field, words):
         read_run_log(path)
     _check(exc.value, "log.csv", "line 2", field)
     assert words in str(exc.value)
+
+
+def test_collective_busbw_ratio_column_reaches_the_run(tmp_path):
+    import csv
+
+    row = {**GOOD, "collective_busbw_ratio": json.dumps({"reducescatter": 0.3})}
+    with open(tmp_path / "log.csv", "w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow(list(row))
+        w.writerow(list(row.values()))
+    (rec,) = read_run_log(tmp_path / "log.csv")
+    assert json.loads(rec["run"])["hardware"]["collective_busbw_ratio"] == {"reducescatter": 0.3}
 
 
 def test_run_column_in_csv_and_json_array(tmp_path):

@@ -20,7 +20,9 @@ class RooflineCost(CostModel):
     η is the fitted large-GEMM efficiency times wave quantisation over the SMs
     (``tiles / (waves·SMs)``) times an inner-dimension factor ``k / (k + k½)``.
     Fused attention runs at a fitted fraction of peak and skips the masked half
-    of a causal score matrix; every other kind is memory bound.
+    of a causal score matrix; every other kind is memory bound. A collective whose measured bus
+    bandwidth is a fraction of all-reduce's (``hardware.collective_busbw_ratio``) moves its bytes
+    at that fraction of the link rate.
     """
 
     name = "roofline"
@@ -119,4 +121,9 @@ class RooflineCost(CostModel):
                 self.link_bandwidth_Bps("intra")
             if g.nodes > 1:
                 self.link_bandwidth_Bps("inter")
-        return collective_cost(op, self._a_intra, self._a_inter, self._bw_intra or 1.0, self._bw_inter or 1.0)
+        c = collective_cost(op, self._a_intra, self._a_inter, self._bw_intra or 1.0, self._bw_inter or 1.0)
+        ratio = self.hw.busbw_ratio(op.kind)
+        if ratio != 1.0:
+            # a collective at a fraction of all-reduce's bus bandwidth takes as long as 1/ratio the bytes
+            c = CommCost(c.latency_s, c.intra_bytes / ratio, c.inter_bytes / ratio, c.algorithm)
+        return c

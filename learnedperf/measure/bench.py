@@ -725,3 +725,66 @@ def fit_link(records: Iterable[dict], world_size: Optional[int] = None) -> dict:
         "n_points": len(pts),
         "world_sizes": sorted({int(p) for p in p_arr}),
     }
+
+
+#: Benchmark collectives whose bus bandwidth ratio to all-reduce is fitted, by ``collective_busbw_ratio``
+#: key. Broadcast is left out: the simulator has no broadcast (a pipeline send is ``sendrecv``).
+_RATIO_OPS = {"allgather": "allgather", "reducescatter": "reducescatter", "alltoall": "alltoall", "sendrecv": "p2p"}
+
+
+def fit_busbw_ratios(records: Iterable[dict], link: dict, world_size: int) -> dict:
+    """Fit each collective's bus bandwidth relative to all-reduce's on the same ranks.
+
+    With the all-reduce fit ``link`` (:func:`fit_link`: per-step latency α, bandwidth B), the cost
+    model (:func:`learnedperf.cost.collective.collective_cost`) splits a collective of ``S`` bytes
+    into a latency ``L(S)`` and a volume ``V(S)`` moved at ``B``. The ratio ``r`` of a collective is
+    the one number in ``time = L + V / (B·r)`` fitted to its bandwidth-bound records by least squares
+    on relative error (each point weighted by 1/time, as in :func:`fit_link`). NCCL's rings give about 1
+    (nccl-tests' busbw is the same for all three); gloo's all-gather and reduce-scatter much less.
+
+    Args:
+        records: collective records (``op``, ``world_size``, ``bytes``, ``time_ms``).
+        link: ``{"intra_node_latency_us", "intra_node_bandwidth_GBps"}`` of the same ranks.
+        world_size: the ranks the records ran on (one node).
+
+    Returns:
+        ``{kind: ratio}`` for each fitted collective (``hardware.collective_busbw_ratio`` keys), rounded
+        to 3 significant digits, fitted on the bandwidth-bound messages (volume term at least the
+        latency term); kinds without two such message sizes are left out.
+    """
+    import numpy as np
+
+    from ..cost.collective import collective_cost
+    from ..graph.ops import Group, comm
+
+    alpha = float(link["intra_node_latency_us"]) * 1e-6
+    bw = float(link["intra_node_bandwidth_GBps"]) * 1e9
+    group = Group(world_size, world_size)
+    out = {}
+    for op_name, kind in _RATIO_OPS.items():
+        pts = [(float(r["bytes"]), float(r["time_ms"]) * 1e-3) for r in records
+               if r.get("op") == op_name and int(r["world_size"]) == world_size]
+        if len({s for s, _ in pts}) < 2:
+            continue
+        lat, vol, t = [], [], []
+        for size, secs in pts:
+            if secs <= 0:
+                raise InputError(f"records: {op_name} record with time_ms={secs * 1e3} cannot be fitted")
+            c = collective_cost(comm("fit", kind, "fwd", size, group, "fp32"), alpha, alpha, bw, bw)
+            lat.append(c.latency_s)
+            vol.append(max(c.intra_bytes, c.inter_bytes) / bw)
+            t.append(secs)
+        lat, vol, t = np.array(lat), np.array(vol), np.array(t)
+        # only bandwidth-bound messages (volume term >= latency term): the ratio is a bandwidth, and the
+        # α-β latency of small messages is all-reduce's, which other collectives need not share
+        keep = vol >= lat
+        if keep.sum() < 2:
+            continue
+        lat, vol, t = lat[keep], vol[keep], t[keep]
+        # least squares of (t - L)/t = (V/t)·x over x = 1/r
+        x = float(np.dot(vol / t, (t - lat) / t) / np.dot(vol / t, vol / t))
+        if x <= 0:
+            raise InputError(f"records: {op_name} times do not grow with message size; its bus bandwidth "
+                             "cannot be fitted")
+        out[kind] = float(f"{1.0 / x:.3g}")
+    return out

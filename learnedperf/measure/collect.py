@@ -67,7 +67,7 @@ def collect(out: str | Path, *, quick: bool = False, parts: Iterable[str] = PART
     Raises:
         InputError: an unknown part or device.
     """
-    from .bench import bench_collectives, describe_device, fit_link, host_descriptor
+    from .bench import bench_collectives, describe_device, fit_busbw_ratios, fit_link, host_descriptor
     from .ops import op_grid, profile_grid
     from .steps import measure_step, step_grid
 
@@ -114,6 +114,9 @@ def collect(out: str | Path, *, quick: bool = False, parts: Iterable[str] = PART
             comm_records += recs
             fit = fit_link(recs, w)
             links[w] = {k: fit[k] for k in ("intra_node_bandwidth_GBps", "intra_node_latency_us")}
+            ratios = fit_busbw_ratios(recs, links[w], w)
+            if ratios:
+                links[w]["collective_busbw_ratio"] = ratios
             log(f"measure: {w} processes: all-reduce fit {links[w]}")
         files.append(write_parquet(comm_records, out / f"ops_{tag}_collectives.parquet", OP_COLUMNS,
                                    "collective").name)

@@ -94,7 +94,7 @@ PathLike = Union[str, "os.PathLike[str]"]
 # ======================================================================= run logs
 #: Hardware keys of the run format that a flat row may give (per device, per direction).
 HARDWARE_COLUMNS = ("devices_per_node", "intra_node_bandwidth_GBps", "inter_node_bandwidth_GBps",
-                    "intra_node_latency_us", "inter_node_latency_us")
+                    "intra_node_latency_us", "inter_node_latency_us", "collective_busbw_ratio")
 #: Measured targets, in order of precedence.
 TARGET_COLUMNS = ("iteration_time_ms", "tokens_per_second", "samples_per_second")
 
@@ -107,6 +107,8 @@ RUN_LOG_COLUMNS = {
     "num_devices": "devices used by the run (integer >= 1)",
     "seq_length": "optional: training sequence length, overrides the model's",
     **{k: "optional hardware link key of the run format" for k in HARDWARE_COLUMNS},
+    "collective_busbw_ratio": "optional: JSON object, bus bandwidth of allgather / reducescatter / alltoall / "
+                              "p2p relative to all-reduce's (e.g. nccl-tests busbw ratios)",
     "<strategy key>": "tp, pp, dp, cp, ep, micro_batch_size, global_batch_size, pipeline_schedule, "
                       "virtual_pipeline_stages, zero_stage, fsdp, recompute, sequence_parallel, precision, "
                       "flash_attention, ... (every learnedperf.specs.Strategy field, same name, same default)",
@@ -467,7 +469,9 @@ def _row_run(row: dict) -> dict:
         hardware["num_devices"] = _to_int(row["num_devices"], "num_devices")
         for key in HARDWARE_COLUMNS:
             if key in row:
-                hardware[key] = _to_int(row[key], key) if key == "devices_per_node" else _to_float(row[key], key)
+                hardware[key] = (_to_int(row[key], key) if key == "devices_per_node" else
+                                 _json_object(row[key], key) if key == "collective_busbw_ratio" else
+                                 _to_float(row[key], key))
         strategy = {key: _COERCE[kind](row[key], key) for key, kind in kinds.items() if key in row}
         run = {"model": model, "hardware": hardware, "strategy": strategy}
         if "id" in row:

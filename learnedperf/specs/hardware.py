@@ -66,6 +66,9 @@ MAX_DEVICES = 1 << 20
 _LINK_FIELDS = ("intra_node_bandwidth_GBps", "inter_node_bandwidth_GBps", "intra_node_latency_us",
                 "inter_node_latency_us")
 
+#: Collectives whose bus bandwidth may be given relative to all-reduce's (``collective_busbw_ratio``).
+BUSBW_RATIO_KINDS = ("allgather", "reducescatter", "alltoall", "p2p")
+
 
 class HardwareSpec(Spec):
     """A set of identical devices in nodes, with resolved link parameters."""
@@ -80,13 +83,33 @@ class HardwareSpec(Spec):
     inter_node_bandwidth_GBps: Optional[float] = Field(default=None, gt=0)
     intra_node_latency_us: Optional[float] = Field(default=None, ge=0)
     inter_node_latency_us: Optional[float] = Field(default=None, ge=0)
+    # The link fields describe all-reduce (NCCL's ring reaches the same bus bandwidth in all-gather,
+    # reduce-scatter and all-reduce: nccl-tests doc/PERFORMANCE.md defines busbw so that it does).
+    # Other libraries differ: gloo's reduce-scatter on this project's CPU moves data at a third of its
+    # all-reduce bus bandwidth (datasets/measured/vm-xeon-2c). A measured ratio per collective says so.
+    collective_busbw_ratio: Optional[dict[str, float]] = Field(
+        default=None, description="bus bandwidth of a collective / bus bandwidth of all-reduce on the same "
+        "links, measured (nccl-tests busbw ratio at large messages); kinds left out: 1")
 
     @model_validator(mode="after")
     def _check(self) -> "HardwareSpec":
         if self.num_devices > self.devices_per_node and self.num_devices % self.devices_per_node:
             raise FieldValueError("num_devices", f"num_devices={self.num_devices} is not a multiple of "
                              f"devices_per_node={self.devices_per_node}")
+        for kind, ratio in (self.collective_busbw_ratio or {}).items():
+            if kind not in BUSBW_RATIO_KINDS:
+                raise FieldValueError(f"collective_busbw_ratio.{kind if str(kind).isprintable() else repr(kind)}",
+                                      f"unknown collective (known: {', '.join(BUSBW_RATIO_KINDS)})")
+            # (0, 10]: a ratio of 0 would make the collective endless; 10x all-reduce's bus bandwidth is
+            # beyond any link (all-reduce already runs at the link's rate)
+            if not 0.0 < ratio <= 10.0:  # also refuses NaN
+                raise FieldValueError(f"collective_busbw_ratio.{kind}", f"must be in (0, 10], got {ratio!r}")
         return self
+
+    def busbw_ratio(self, kind: str) -> float:
+        """Bus bandwidth of collective ``kind`` relative to all-reduce's (1 unless measured otherwise)."""
+        ratios = self.collective_busbw_ratio
+        return ratios.get(kind, 1.0) if ratios else 1.0
 
     @property
     def num_nodes(self) -> int:
@@ -115,7 +138,7 @@ def resolve_hardware(value: Any, prefix: str = "hardware") -> HardwareSpec:
         return value
     if not isinstance(value, dict):
         raise SpecError(prefix, f"expected a JSON object, got {type(value).__name__}")
-    allowed = {"device", "cluster", "num_devices", "devices_per_node", *_LINK_FIELDS}
+    allowed = {"device", "cluster", "num_devices", "devices_per_node", "collective_busbw_ratio", *_LINK_FIELDS}
     for key in value:
         if key not in allowed:
             raise SpecError(f"{prefix}.{key if str(key).isprintable() else repr(key)}", "unknown field")
@@ -145,6 +168,7 @@ def resolve_hardware(value: Any, prefix: str = "hardware") -> HardwareSpec:
     for f in _LINK_FIELDS:
         # precedence: the run's own value, then the cluster's, then the device's catalog entry
         resolved[f] = value.get(f, base.get(f, getattr(device, f)))
+    resolved["collective_busbw_ratio"] = value.get("collective_busbw_ratio", base.get("collective_busbw_ratio"))
     data = {k: v for k, v in resolved.items() if v is not None}
     data["device"] = device
     try:

@@ -1,0 +1,136 @@
+"""Amend measured step records written before the run format could say what they ran.
+
+Each amendment changes the ``run`` of some step records (and recomputes their ``run_id``, the
+hash of the run), leaves every measured value as it is, rewrites the parquet file, updates the
+manifest's checksums and records itself (date, command, rows changed) under ``amendments``.
+Running one again changes nothing.
+
+* ``autocast`` — ``learnedperf measure`` runs bf16 steps as the fp32 model under
+  ``torch.autocast`` (:mod:`learnedperf.measure.steps`); records written before
+  ``strategy.mixed_precision`` existed describe them as plain ``"precision": "bf16"``, which the
+  simulator reads as Megatron-style bf16 weights with fp32 master copies. Adds
+  ``"mixed_precision": "autocast"`` to every bf16 step.
+* ``busbw`` — records written before ``hardware.collective_busbw_ratio`` existed carry the
+  all-reduce fit of their ranks' links only, which the cost model then applies to every
+  collective. Fits each collective's bus bandwidth ratio to all-reduce on the same collection's
+  collective records (:func:`learnedperf.measure.bench.fit_busbw_ratios`, as ``learnedperf
+  measure`` now does), stores it next to the links in the manifest and adds it to the hardware
+  of every multi-process step of that collection.
+
+Usage: ``python experiments/amend_records.py {autocast,busbw} DATASET_DIR ...``
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Callable
+
+
+def amend_steps(directory: Path, change: Callable[[dict], bool], command: str, what: str,
+                manifest: dict | None = None) -> int:
+    """Apply ``change`` (edits a run dict in place, returns whether it changed it) to the run of every
+    step record of ``directory``; rewrite the changed files and the manifest (``manifest``: an
+    already edited manifest to write, default the verified one on disk). Returns the rows changed."""
+    import pandas as pd
+
+    from learnedperf.measure.records import (STEP_COLUMNS, canonical_json, now_utc, run_id, sha256_file,
+                                            verify_manifest, write_parquet)
+
+    on_disk = verify_manifest(directory)
+    manifest = on_disk if manifest is None else manifest
+    changed = 0
+    for path in sorted(directory.glob("steps*.parquet")):
+        frame = pd.read_parquet(path)
+        runs, ids, n = [], [], 0
+        for text, rid in zip(frame["run"], frame["run_id"]):
+            run = json.loads(text)
+            if change(run):
+                text, rid, n = canonical_json(run), run_id(run), n + 1
+            runs.append(text)
+            ids.append(rid)
+        if not n:
+            continue
+        frame["run"], frame["run_id"] = runs, ids
+        write_parquet(frame.to_dict("records"), path, STEP_COLUMNS, "step")
+        manifest["files"][path.name] = {"rows": int(len(frame)), "sha256": sha256_file(path)}
+        manifest.setdefault("amendments", []).append({"date": now_utc(), "file": path.name, "rows_changed": n,
+                                                      "command": command, "what": what})
+        changed += n
+        print(f"{path}: {n} step records amended")
+    if changed:
+        (directory / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n",
+                                                 encoding="utf-8")
+        verify_manifest(directory)
+    return changed
+
+
+def mark_autocast(run: dict) -> bool:
+    """Add ``mixed_precision: autocast`` to a bf16 step that does not say how it ran."""
+    s = run.get("strategy", {})
+    if s.get("precision") == "bf16" and "mixed_precision" not in s:
+        s["mixed_precision"] = "autocast"
+        return True
+    return False
+
+
+def amend_autocast(directory: Path, command: str) -> int:
+    """The ``autocast`` amendment of ``directory``."""
+    return amend_steps(directory, mark_autocast, command,
+                       "bf16 steps ran under torch.autocast: added strategy.mixed_precision = 'autocast' to "
+                       "their run and recomputed run_id; measured values unchanged")
+
+
+def amend_busbw(directory: Path, command: str) -> int:
+    """The ``busbw`` amendment of ``directory`` (see the module docstring)."""
+    import pandas as pd
+
+    from learnedperf.measure.bench import fit_busbw_ratios
+    from learnedperf.measure.records import verify_manifest
+
+    manifest = verify_manifest(directory)
+    comm = [r for f in sorted(directory.glob("ops*.parquet")) for r in pd.read_parquet(f).to_dict("records")
+            if r["direction"] == "comm"]
+    # the link figures of each world size, as the steps carry them: (bandwidth, latency) -> ratios
+    by_link: dict[tuple, dict] = {}
+    for c in manifest.get("collections", []):
+        for w, link in c.get("links", {}).items():
+            device = c["devices"][f"{w}x{c['threads']}"]["name"]  # w processes of the collection's threads
+            recs = [r for r in comm if int(r["world_size"]) == int(w) and r["device_name"] == device]
+            ratios = fit_busbw_ratios(recs, link, int(w))
+            if ratios:
+                link["collective_busbw_ratio"] = ratios
+                by_link[(link["intra_node_bandwidth_GBps"], link["intra_node_latency_us"])] = ratios
+                print(f"{directory.name}: {w} processes ({device}): {ratios}")
+
+    def add_ratios(run: dict) -> bool:
+        hw = run.get("hardware", {})
+        ratios = by_link.get((hw.get("intra_node_bandwidth_GBps"), hw.get("intra_node_latency_us")))
+        if hw.get("num_devices", 1) > 1 and ratios and "collective_busbw_ratio" not in hw:
+            hw["collective_busbw_ratio"] = ratios
+            return True
+        return False
+
+    return amend_steps(directory, add_ratios, command,
+                       "multi-process steps: added hardware.collective_busbw_ratio, fitted on the collection's "
+                       "collective records by learnedperf.measure.bench.fit_busbw_ratios (also stored with the "
+                       "links), and recomputed run_id; measured values unchanged", manifest)
+
+
+AMENDMENTS = {"autocast": amend_autocast, "busbw": amend_busbw}
+
+
+def main(argv: list[str]) -> int:
+    """Apply one amendment to every directory named on the command line."""
+    if len(argv) < 2 or argv[0] not in AMENDMENTS:
+        print(__doc__.strip().splitlines()[-1], file=sys.stderr)
+        return 2
+    for d in argv[1:]:
+        n = AMENDMENTS[argv[0]](Path(d), f"python experiments/amend_records.py {argv[0]} {Path(d).as_posix()}")
+        print(f"{d}: {n} rows changed")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
