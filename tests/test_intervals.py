@@ -13,7 +13,8 @@ from learnedperf.data.records import DOMAIN_COLUMNS, spec_columns
 from learnedperf.errors import InputError
 from learnedperf.models.evaluate import novelty_residuals
 from learnedperf.models.intervals import (IN_DOMAIN, NOVELTY_CLASSES, ConformalInterval, TrainingDomain,
-                                          conformal_log_bounds, novelty_of_split)
+                                          conformal_log_bounds, conformal_quantile, novelty_of_split,
+                                          pooled_conformal_quantile)
 from learnedperf.specs import RunSpec
 
 A100_8 = {"model": "gpt3-1.3b", "hardware": {"cluster": "dgx-a100", "num_devices": 8}}
@@ -181,11 +182,13 @@ def test_novelty_residuals_pool_splits_and_fall_back():
               + rows("unseen_scale", "other", [(10, 30)])}
     ratios, calibrated_on = novelty_residuals(report, "m")
     assert set(ratios) == set(NOVELTY_CLASSES)
-    assert sorted(ratios["unseen_device"]) == pytest.approx([math.log(0.5)] + [math.log(2)] * 3)
+    assert list(ratios["unseen_device"]) == ["unseen_device:A", "unseen_device:B"]  # kept apart: equal weights
+    assert list(ratios["unseen_device"]["unseen_device:A"]) == pytest.approx([math.log(2)] * 3)
+    assert list(ratios["unseen_device"]["unseen_device:B"]) == pytest.approx([math.log(0.5)])
     assert calibrated_on["unseen_device"] == {"splits": {"unseen_device:A": 3, "unseen_device:B": 1},
                                               "fallback": False}
     # no unseen_scale split for method m: every unseen split is pooled, never the in-domain 'random' one
-    assert calibrated_on["unseen_scale"]["fallback"] and len(ratios["unseen_scale"]) == 6
+    assert calibrated_on["unseen_scale"]["fallback"] and sum(map(len, ratios["unseen_scale"].values())) == 6
     _, cal = novelty_residuals(report, "m", leave_out=("unseen_device:A",))
     assert cal["unseen_device"]["splits"] == {"unseen_device:B": 1}
     assert novelty_residuals(report, "absent") == ({}, {})
@@ -210,3 +213,30 @@ def test_iteration_model_records_the_measured_training_domain():
     dom = model.interval_.domain_
     assert dom == TrainingDomain(("A100-SXM4-80GB",), ("gpt",), 8, 3)
     assert model.interval_.novelties(specs) == [IN_DOMAIN] * 3 + ["unseen_device"]
+
+
+@pytest.mark.parametrize("n", [1, 7, 19, 99, 250])
+@pytest.mark.parametrize("level", [0.05, 0.1, 0.5, 0.9, 0.95])
+def test_pooled_quantile_of_one_group_is_split_conformal(n, level):
+    r = np.random.default_rng(n).normal(size=n)
+    assert pooled_conformal_quantile([r], level) == conformal_quantile(r, level)
+
+
+def test_pooled_quantile_weighs_groups_not_runs():
+    """999 small errors of one held-out device and 19 large ones of another: by runs the large ones are
+    2 % of the mass and the 95 % bound ignores them; by device they are half of it."""
+    small = np.linspace(-0.1, 0.1, 999)
+    large = np.full(19, 1.0)
+    by_runs = conformal_quantile(np.concatenate([small, large]), 0.95)
+    assert by_runs < 0.1
+    # F(x) = (#small <= x / 1000 + #large <= x / 20) / 2 reaches 0.95 only at the large errors
+    assert pooled_conformal_quantile([small, large], 0.95) == 1.0
+    # lower tail, on the negated errors: the large group's 19 of 20 steps give F = 0.475 first; the small
+    # group must add 0.475 = k / 2000, k = 950 of its negated errors: its 50th smallest error
+    assert pooled_conformal_quantile([small, large], 0.05) == np.sort(small)[49]
+    bounds = conformal_log_bounds({"A": small, "B": large}, 0.9)
+    assert bounds == {"log_lower": np.sort(small)[49], "log_upper": 1.0, "n": 1018, "groups": 2}
+    ci = ConformalInterval().fit(np.ones(50), np.ones(50)).fit_novelty({"unseen_device": {"A": small, "B": large}})
+    assert ci.bounds(None, "unseen_device")[1] == 1.0
+    with pytest.raises(InputError, match="finite"):
+        ConformalInterval().fit(np.ones(50), np.ones(50)).fit_novelty({"unseen_device": {"A": [np.inf]}})

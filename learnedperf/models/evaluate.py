@@ -161,7 +161,9 @@ def novelty_residuals(report: dict, method: str, leave_out: tuple[str, ...] = ()
         leave_out: split names to ignore (a leave-one-split-out measurement of the interval).
 
     Returns:
-        ``(log_ratios, calibrated_on)``: class → numpy array, and class → ``{"splits": {split: n},
+        ``(log_ratios, calibrated_on)``: class → ``{split: numpy array}`` (what
+        :meth:`~learnedperf.models.intervals.ConformalInterval.fit_novelty` weighs split by split),
+        and class → ``{"splits": {split: n},
         "fallback": bool}`` (``fallback``: pooled from other kinds of split). Classes without any
         residual are absent.
     """
@@ -193,7 +195,8 @@ def novelty_residuals(report: dict, method: str, leave_out: tuple[str, ...] = ()
         own = [s for s in by_split if novelty_of_split(s) == cls]
         use = own or list(by_split)
         if use:
-            log_ratios[cls] = np.concatenate([by_split[s] for s in use])
+            # per split: each held-out device (family, scale) weighs as one draw of the class's error
+            log_ratios[cls] = {s: by_split[s] for s in use}
             calibrated_on[cls] = {"splits": {s: int(len(by_split[s])) for s in use}, "fallback": not own}
     return log_ratios, calibrated_on
 

@@ -70,6 +70,33 @@ def conformal_quantile(residuals: Any, level: float) -> float:
     return float(r[max(k, 1) - 1])
 
 
+def pooled_conformal_quantile(groups: Any, level: float) -> float:
+    """The ``level`` quantile of residuals in several groups weighted **equally**, not by size.
+
+    A new device (or family) is exchangeable with the devices held out in the evaluation, not
+    with their runs: 1,440 runs of one held-out device are one draw of "how wrong on an unseen
+    device", as are 122 runs of another. So the groups' empirical CDFs are averaged (the CDF
+    pooling of Dunn, Wasserman and Ramdas, "Distribution-free prediction sets for two-layer
+    hierarchical models", JASA 2022), each with split conformal's ``n + 1`` denominator:
+    ``F(x) = (1/K)·Σ_k #{r_ki <= x} / (n_k + 1)``. The upper quantile is the smallest residual
+    with ``F >= level`` (the largest residual when none reaches it); the lower one is the same
+    rule on the negated residuals. One group gives exactly :func:`conformal_quantile`.
+    """
+    import numpy as np
+
+    arrays = [np.asarray(g, dtype=float) for g in groups if len(g)]
+    if not arrays:
+        raise InputError("conformal quantile of an empty calibration set")
+    if level < 0.5:
+        return -pooled_conformal_quantile([-a for a in arrays], 1.0 - level)
+    values = np.concatenate(arrays)
+    weights = np.concatenate([np.full(len(a), 1.0 / (len(arrays) * (len(a) + 1))) for a in arrays])
+    order = np.argsort(values, kind="stable")
+    cdf = np.cumsum(weights[order])
+    hit = np.nonzero(cdf >= level - 1e-9)[0]  # the same rounding guard as conformal_quantile
+    return float(values[order[hit[0]]] if len(hit) else values[order[-1]])
+
+
 def novelty_of_split(split: str) -> Optional[str]:
     """The novelty class an evaluation split reproduces (``"unseen_device:CPU"`` → ``"unseen_device"``),
     or None for a split that holds out something else (strategy, sharding, a random share)."""
@@ -80,8 +107,15 @@ def novelty_of_split(split: str) -> Optional[str]:
 def conformal_log_bounds(residuals: Any, coverage: float) -> dict:
     """``{"log_lower", "log_upper", "n"}``: the conformal ``(1 − coverage)/2`` and ``(1 + coverage)/2``
     quantiles (:func:`conformal_quantile`) of the log ratios ``residuals``, widened to hold 0 so that
-    the interval holds the point prediction itself."""
+    the interval holds the point prediction itself. ``residuals`` may be a mapping of groups (e.g.
+    held-out devices) to log ratios: the groups then weigh equally
+    (:func:`pooled_conformal_quantile`) and ``"groups"`` says how many there were."""
     lo_level, hi_level = (1 - coverage) / 2, (1 + coverage) / 2
+    if isinstance(residuals, dict):
+        groups = [g for g in residuals.values() if len(g)]
+        return {"log_lower": min(pooled_conformal_quantile(groups, lo_level), 0.0),
+                "log_upper": max(pooled_conformal_quantile(groups, hi_level), 0.0),
+                "n": int(sum(len(g) for g in groups)), "groups": len(groups)}
     return {"log_lower": min(conformal_quantile(residuals, lo_level), 0.0),
             "log_upper": max(conformal_quantile(residuals, hi_level), 0.0), "n": int(len(residuals))}
 
@@ -248,8 +282,9 @@ class ConformalInterval:
         Args:
             log_ratios: novelty class (:data:`NOVELTY_CLASSES`) → ``log(measured / predicted)`` of runs
                 predicted by models that never saw that kind of run (see
-                :func:`learnedperf.models.evaluate.novelty_residuals`). Classes left out keep the
-                in-domain quantiles.
+                :func:`learnedperf.models.evaluate.novelty_residuals`): an array, or a mapping of
+                held-out groups (evaluation splits) to arrays, which then weigh equally
+                (:func:`pooled_conformal_quantile`). Classes left out keep the in-domain quantiles.
             calibrated_on: novelty class → JSON-compatible provenance (splits, counts) kept in
                 :meth:`to_dict`.
         """
@@ -260,8 +295,13 @@ class ConformalInterval:
         for cls, r in log_ratios.items():
             if cls not in NOVELTY_CLASSES:
                 raise InputError(f"unknown novelty class {cls!r}; known: {', '.join(NOVELTY_CLASSES)}")
-            r = np.asarray(r, dtype=float)
-            if not np.isfinite(r).all():
+            if isinstance(r, dict):
+                r = {str(k): np.asarray(v, dtype=float) for k, v in r.items()}
+                finite = all(np.isfinite(v).all() for v in r.values())
+            else:
+                r = np.asarray(r, dtype=float)
+                finite = bool(np.isfinite(r).all())
+            if not finite:
                 raise InputError(f"novelty class {cls!r}: log ratios must be finite")
             novelty[cls] = {**conformal_log_bounds(r, self.coverage),
                             "calibrated_on": (calibrated_on or {}).get(cls, {})}
@@ -368,4 +408,4 @@ class ConformalInterval:
 
 
 __all__ = ["ConformalInterval", "IN_DOMAIN", "NOVELTY_CLASSES", "POOLED", "TrainingDomain", "conformal_log_bounds",
-           "conformal_quantile", "novelty_of_split"]
+           "conformal_quantile", "novelty_of_split", "pooled_conformal_quantile"]
