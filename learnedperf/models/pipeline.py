@@ -135,7 +135,7 @@ def fit_model(data_dir: str | Path, method: str, gnn_params: Optional[dict] = No
         # which evaluation the novel-run intervals rest on (the per-class splits are in the interval itself)
         desc["used"]["novelty_calibration"] = {
             "evaluation_dataset_manifest_sha256": (evaluation.get("data") or {}).get("dataset_manifest_sha256"),
-            "method": method, "residuals": {c: len(r) for c, r in log_ratios.items()}}
+            "method": method, "residuals": {c: model.interval_.novelty_[c]["n"] for c in log_ratios}}
     if op_reg is not None:
         desc["op_regressor"] = {"trained_with": getattr(op_reg, "trained_with_", "local")}
     return model, desc
