@@ -50,6 +50,16 @@ def step_times(path) -> pd.DataFrame:
     return st.rename(columns={"e2e_latency": "e2e_ms"}).set_index(["device", "run"])[["e2e_ms", "num_layer"]]
 
 
+def print_table(title: str, head: str, lines) -> None:
+    """Print a titled fixed-width table: a blank line, the title, the header, a rule, the lines."""
+    print()
+    print(title)
+    print(head)
+    print("-" * len(head))
+    for line in lines:
+        print(line)
+
+
 def main() -> None:
     """Run the comparison and print the tables."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -112,37 +122,24 @@ def main() -> None:
     res["gbdt_vs_mapped_pct"] = (res["gbdt_ms"] / res["mapped_ms"] - 1) * 100
     res["roofline_vs_mapped_pct"] = (res["roofline_ms"] / res["mapped_ms"] - 1) * 100
 
-    print()
-    print("one block as traced (ms; APE % against 'measured' = all nodes' fw+bw):")
-    head = (f"{'device':<16} {'run':<26} {'mapped':>9} {'measured':>9} {'mapped ms':>9} "
-            f"{'roofline':>9} {'APE%':>6} {'GBDT':>9} {'APE%':>6} {'GBDT/mapped-1':>14}")
-    print(head)
-    print("-" * len(head))
-    for r in res.itertuples():
-        print(f"{r.device:<16} {r.run:<26} {f'{r.mapped_nodes}/{r.nodes}':>9} {r.measured_ms:>9.2f} "
-              f"{r.mapped_ms:>9.2f} {r.roofline_ms:>9.2f} {r.roofline_ape:>6.1f} {r.gbdt_ms:>9.2f} "
-              f"{r.gbdt_ape:>6.1f} {r.gbdt_vs_mapped_pct:>+13.1f}%")
-
-    print()
-    print("whole step (block × num_layer + the rest, ms; APE % against NeuSight's measured e2e latency):")
-    head = (f"{'device':<16} {'run':<26} {'L':>3} {'e2e':>9} {'measured×L':>10} {'APE%':>6} "
-            f"{'roofline×L':>10} {'APE%':>6} {'GBDT×L':>9} {'APE%':>6}")
-    print(head)
-    print("-" * len(head))
-    for r in res.itertuples():
-        print(f"{r.device:<16} {r.run:<26} {r.layers:>3} {r.e2e_ms:>9.1f} {r.measured_xL_ms:>10.1f} "
-              f"{r.measured_xL_ape:>6.1f} {r.roofline_xL_ms:>10.1f} {r.roofline_xL_ape:>6.1f} "
-              f"{r.gbdt_xL_ms:>9.1f} {r.gbdt_xL_ape:>6.1f}")
-
-    print()
-    print("MAPE % per device (graphs: against the measured node sum; step: against e2e):")
-    head = (f"{'device':<16} {'graphs':>6} {'graph roofline':>15} {'graph GBDT':>11} {'step measured×L':>16} "
-            f"{'step roofline':>14} {'step GBDT':>10}")
-    print(head)
-    print("-" * len(head))
-    for name, g in list(res.groupby("device")) + [("ALL", res)]:
-        print(f"{name:<16} {len(g):>6} {g.roofline_ape.mean():>15.1f} {g.gbdt_ape.mean():>11.1f} "
-              f"{g.measured_xL_ape.mean():>16.1f} {g.roofline_xL_ape.mean():>14.1f} {g.gbdt_xL_ape.mean():>10.1f}")
+    print_table("one block as traced (ms; APE % against 'measured' = all nodes' fw+bw):",
+                f"{'device':<16} {'run':<26} {'mapped':>9} {'measured':>9} {'mapped ms':>9} "
+                f"{'roofline':>9} {'APE%':>6} {'GBDT':>9} {'APE%':>6} {'GBDT/mapped-1':>14}",
+                (f"{r.device:<16} {r.run:<26} {f'{r.mapped_nodes}/{r.nodes}':>9} {r.measured_ms:>9.2f} "
+                 f"{r.mapped_ms:>9.2f} {r.roofline_ms:>9.2f} {r.roofline_ape:>6.1f} {r.gbdt_ms:>9.2f} "
+                 f"{r.gbdt_ape:>6.1f} {r.gbdt_vs_mapped_pct:>+13.1f}%" for r in res.itertuples()))
+    print_table("whole step (block × num_layer + the rest, ms; APE % against NeuSight's measured e2e latency):",
+                f"{'device':<16} {'run':<26} {'L':>3} {'e2e':>9} {'measured×L':>10} {'APE%':>6} "
+                f"{'roofline×L':>10} {'APE%':>6} {'GBDT×L':>9} {'APE%':>6}",
+                (f"{r.device:<16} {r.run:<26} {r.layers:>3} {r.e2e_ms:>9.1f} {r.measured_xL_ms:>10.1f} "
+                 f"{r.measured_xL_ape:>6.1f} {r.roofline_xL_ms:>10.1f} {r.roofline_xL_ape:>6.1f} "
+                 f"{r.gbdt_xL_ms:>9.1f} {r.gbdt_xL_ape:>6.1f}" for r in res.itertuples()))
+    print_table("MAPE % per device (graphs: against the measured node sum; step: against e2e):",
+                f"{'device':<16} {'graphs':>6} {'graph roofline':>15} {'graph GBDT':>11} {'step measured×L':>16} "
+                f"{'step roofline':>14} {'step GBDT':>10}",
+                (f"{name:<16} {len(g):>6} {g.roofline_ape.mean():>15.1f} {g.gbdt_ape.mean():>11.1f} "
+                 f"{g.measured_xL_ape.mean():>16.1f} {g.roofline_xL_ape.mean():>14.1f} {g.gbdt_xL_ape.mean():>10.1f}"
+                 for name, g in list(res.groupby("device")) + [("ALL", res)]))
 
     print()
     print("mapped records, summed over all graphs (ms), by kind and direction:")
