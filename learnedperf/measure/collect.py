@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 from ..errors import InputError, LearnedPerfError
+from .quiet import QUIET_SHARE, Window, logical_cpus, wait_until_quiet
 from .records import OP_COLUMNS, STEP_COLUMNS, host_name, now_utc, write_manifest, write_parquet
 
 PARTS = ("collectives", "ops", "steps")
@@ -33,6 +35,8 @@ PARTS = ("collectives", "ops", "steps")
 #: message sizes of the collective benchmark: 4 KiB to 64 MiB, one per factor 4 (quick: 3 sizes)
 _SIZES = tuple(4096 * 4 ** i for i in range(8))
 _QUICK_SIZES = (4096, 262144, 4194304)
+#: shortest window of the quiet-machine check over operator cases (100 ticks of /proc/stat per CPU)
+_OP_WINDOW_S = 1.0
 
 
 def default_out(quick: bool, host: Optional[str] = None) -> Path:
@@ -69,7 +73,7 @@ def collect(out: str | Path, *, quick: bool = False, parts: Iterable[str] = PART
     """
     from .bench import bench_collectives, describe_device, fit_busbw_ratios, fit_link, host_descriptor
     from .ops import op_grid, profile_grid
-    from .steps import measure_step, step_grid
+    from .steps import step_grid
 
     parts = tuple(parts)
     for p in parts:
@@ -99,6 +103,14 @@ def collect(out: str | Path, *, quick: bool = False, parts: Iterable[str] = PART
         raise InputError(f"steps on {missing} processes need the link figures of as many processes: "
                          "measure the collectives too (--parts collectives,steps)")
 
+    # the quiet-machine check of every operator case and step (measure.quiet), kept in the manifest
+    quiet: dict = {"threshold_share": QUIET_SHARE, "ops": {}, "steps": [], "remeasured": [], "contended": []}
+    # The device descriptors run in helper processes whose CPU time this process cannot see, so
+    # they are not checked window by window: the collection starts on a machine found quiet.
+    quiet["before"] = wait_until_quiet()
+    if quiet["before"] is not None and quiet["before"]["contended"]:
+        log(f"measure: other processes still use {quiet['before']['foreign_share']:.0%} of the CPUs after "
+            "30 s; measuring anyway (the manifest records it under quiet.before)")
     descriptors: dict[tuple[int, int], dict] = {}
     for w, t in setups:
         log(f"measure: device descriptor for {w} concurrent process(es) of {t} thread(s) ...")
@@ -126,13 +138,36 @@ def collect(out: str | Path, *, quick: bool = False, parts: Iterable[str] = PART
         op_skips: list[dict] = []
 
         def skip(case, reason: str) -> None:
-            op_skips.append({"op": case.label(), "reason": reason})
+            if not any(s["op"] == case.label() for s in op_skips):  # a re-measured window skips it again
+                op_skips.append({"op": case.label(), "reason": reason})
 
-        bar = _bar(profile_grid(cases, device, threads=threads, descriptor=devices[1], on_skip=skip,
-                                repeats=10 if quick else 20),
-                   sum(len(c.directions) for c in cases), "operators", progress)
-        for rec in bar:
-            records.append(rec)
+        def profile_case(case) -> list[dict]:
+            return list(profile_grid([case], device, threads=threads, descriptor=devices[1], on_skip=skip,
+                                     repeats=10 if quick else 20))
+
+        def profile_cases(chunk: list) -> tuple[list[dict], dict]:
+            window = Window()
+            return [r for case in chunk for r in profile_case(case)], window.close()
+
+        # The ops run in this process, so its own CPU time is the measurement's. One operator takes
+        # milliseconds, too short for /proc/stat's ticks: consecutive cases share a window of at
+        # least _OP_WINDOW_S, and a contended window's cases are measured again.
+        op_checks: list[dict] = []
+        chunk: list = []
+        chunk_records: list[dict] = []
+        window = Window()
+        for n, case in enumerate(_bar(cases, len(cases), "operator cases", progress, unit="case"), start=1):
+            chunk.append(case)
+            chunk_records += profile_case(case)
+            if time.perf_counter() - window.t0 < _OP_WINDOW_S and n < len(cases):
+                continue
+            label = f"operator cases {chunk[0].label()} .. {chunk[-1].label()}"
+            recs, check = _quietly((chunk_records, window.close()), lambda c=chunk: profile_cases(c), label,
+                                   quiet, log)
+            records += recs
+            op_checks.append(check)
+            chunk, chunk_records, window = [], [], Window()
+        quiet["ops"] = _share_summary(op_checks)
         files.append(write_parquet(records, out / f"ops_{tag}.parquet", OP_COLUMNS, "operator").name)
         skipped += op_skips
         log(f"measure: {len(records)} operator records; {len(op_skips)} cases cannot run here (listed in the "
@@ -144,7 +179,10 @@ def collect(out: str | Path, *, quick: bool = False, parts: Iterable[str] = PART
             w = config.world_size
             hw = {"device": descriptors[(w, config.threads)], "devices_per_node": w, **links.get(w, {})}
             try:
-                records.append(measure_step(config, hw))
+                rec, check = _quietly(_step_checked(config, hw), lambda c=config, h=hw: _step_checked(c, h),
+                                      config.label(), quiet, log)
+                records.append(rec)
+                quiet["steps"].append({"step": config.label(), "run_id": rec["run_id"], **check})
             except LearnedPerfError as exc:
                 # one broken configuration must not lose the others: it is listed in the manifest
                 failed.append({"step": config.label(), "reason": str(exc)})
@@ -157,12 +195,64 @@ def collect(out: str | Path, *, quick: bool = False, parts: Iterable[str] = PART
     collection = {"started": started, "finished": now_utc(), "command": command, "device": device,
                   "threads": threads, "quick": quick, "parts": list(parts), "files": files,
                   "devices": {f"{w}x{t}": d for (w, t), d in descriptors.items()},
-                  "links": {str(w): v for w, v in links.items()}, "skipped": skipped}
+                  "links": {str(w): v for w, v in links.items()}, "skipped": skipped, "quiet": quiet}
+    if quiet["contended"]:
+        log(f"measure: {len(quiet['contended'])} case(s) stayed contended after a re-measurement (listed in the "
+            "manifest under quiet.contended): other processes used the CPUs while they ran")
     # collections of other devices (e.g. a GPU lent another day) stay listed beside this one
     history = [c for c in previous.get("collections", []) if not set(c.get("files", [])) <= set(files)]
     manifest_path = write_manifest(out, command=command, host=host_descriptor(),
                                    extra={"collections": history + [collection]})
     return json.loads(manifest_path.read_text(encoding="utf-8"))
+
+
+def _step_checked(config, hw: dict) -> tuple[dict, dict]:
+    """A measured step record and the quiet-machine check of its timed iterations."""
+    from .steps import measure_step
+
+    check: dict = {}
+    record = measure_step(config, hw, quiet=check)
+    return record, check
+
+
+def _quietly(first: tuple, again: Callable[[], tuple], label: str, quiet: dict,
+             log: Callable[[str], None]) -> tuple:
+    """``first`` (a ``(result, check)`` pair) when the machine was quiet; otherwise wait for a
+    quiet machine and return ``again()``.
+
+    The second result replaces the first (it was taken after waiting for a quiet machine); a case
+    contended both times is listed in ``quiet["contended"]``, never dropped: its record is kept
+    and the manifest says which it is.
+    """
+    result, check = first
+    if not check.get("contended"):
+        return result, check
+    log(f"measure: {label}: other processes used {check['foreign_share']:.0%} of the CPUs while it ran; "
+        "waiting for a quiet machine and measuring again")
+    wait_until_quiet()
+    result, again_check = again()
+    quiet["remeasured"].append({"case": label, "first_foreign_share": check["foreign_share"],
+                                "foreign_share": again_check["foreign_share"]})
+    if again_check.get("contended"):
+        quiet["contended"].append(label)
+    return result, again_check
+
+
+def _share_summary(checks: list[dict]) -> dict:
+    """The quiet-machine checks of many windows pooled: total wall time, foreign CPU seconds, their
+    share of the capacity, and how many windows were contended (None: the platform cannot tell).
+
+    Pooled rather than the largest window's share: a window of a few milliseconds (the last one)
+    reads one /proc/stat tick as a large share."""
+    known = [c for c in checks if c["foreign_share"] is not None]
+    if not known:
+        return {"windows": len(checks), "wall_s": None, "foreign_cpu_s": None, "pooled_share": None,
+                "contended_windows": None}
+    wall = sum(c["wall_s"] for c in known)
+    foreign = sum(c["foreign_cpu_s"] for c in known)
+    return {"windows": len(checks), "wall_s": round(wall, 3), "foreign_cpu_s": round(foreign, 3),
+            "pooled_share": round(foreign / (max(wall, 1e-9) * logical_cpus()), 4),
+            "contended_windows": sum(bool(c["contended"]) for c in known)}
 
 
 def _previous(out: Path) -> dict:

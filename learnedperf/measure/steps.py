@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from ..errors import InputError, LearnedPerfError, SpecError
+from .quiet import foreign_share, machine_busy_s
 from .records import STEP_COLUMNS, canonical_json, host_name, now_utc, run_id
 
 #: Architectures built as transformers from :class:`learnedperf.specs.ModelSpec`.
@@ -643,15 +644,22 @@ def _run_rank(plan: StepPlan, rank: int, iterations: Optional[int] = None) -> di
     warmup = 0 if iterations is not None else plan.warmup
     count = iterations if iterations is not None else plan.repeats
     times_s, losses = [], []
+    window = {"cpu0": time.process_time(), "busy0": machine_busy_s(), "t0": time.perf_counter()}
     for it in range(warmup + count):
         if dist is not None:
             dist.barrier()  # every rank starts the iteration together, so max over ranks is the iteration
+        if it == warmup:
+            # the timed iterations are the window of the quiet-machine check (measure.quiet)
+            window = {"cpu0": time.process_time(), "busy0": machine_busy_s(), "t0": time.perf_counter()}
         t0 = time.perf_counter()
         loss = step()
         t1 = time.perf_counter()
         if it >= warmup:
             times_s.append(t1 - t0)
             losses.append(loss)
+    busy1 = machine_busy_s()
+    timed = {"cpu_s": time.process_time() - window["cpu0"], "wall_s": time.perf_counter() - window["t0"],
+             "busy_s": None if busy1 is None or window["busy0"] is None else busy1 - window["busy0"]}
     peak_rss_MiB = _peak_rss_MiB()  # before profiling, whose bookkeeping is not part of the step
     per_op: list[dict] = []
     if plan.profile and iterations is None:
@@ -665,7 +673,7 @@ def _run_rank(plan: StepPlan, rank: int, iterations: Optional[int] = None) -> di
             per_op = _profile_rows(prof, 1)
         else:
             step()  # the other ranks must take part in the profiled iteration's communication
-    return {"rank": rank, "times_s": times_s, "peak_rss_MiB": peak_rss_MiB,
+    return {"rank": rank, "times_s": times_s, "peak_rss_MiB": peak_rss_MiB, "timed": timed,
             "losses": None if losses and losses[0] is None else [float(v) for v in losses],
             "per_op": per_op}
 
@@ -818,7 +826,8 @@ def _device_of(hardware: dict) -> tuple[str, dict]:
     raise InputError("hardware.device: required (a DeviceSpec dict or a catalog name)")
 
 
-def measure_step(config: StepConfig, hardware: dict, progress: Optional[Callable[[str], None]] = None) -> dict:
+def measure_step(config: StepConfig, hardware: dict, progress: Optional[Callable[[str], None]] = None,
+                 quiet: Optional[dict] = None) -> dict:
     """Run one configuration and return its step record (exactly the STEP_COLUMNS keys).
 
     Args:
@@ -826,6 +835,9 @@ def measure_step(config: StepConfig, hardware: dict, progress: Optional[Callable
         hardware: run-format hardware dict of the machine (``device`` descriptor,
             ``devices_per_node``, link figures); ``num_devices`` is set to the world size.
         progress: called with a one-line message when the step starts and ends.
+        quiet: when given, updated with the quiet-machine check of the timed iterations
+            (:func:`learnedperf.measure.quiet.foreign_share`: the share of the machine's CPUs
+            that other processes used meanwhile, and whether that makes the record contended).
 
     Raises:
         InputError: an invalid config or a run that does not validate (before anything starts).
@@ -850,6 +862,9 @@ def measure_step(config: StepConfig, hardware: dict, progress: Optional[Callable
     # An iteration lasts until its slowest rank finishes.
     per_iter_ms = [max(r["times_s"][i] for r in ranks) * 1e3 for i in range(plan.repeats)]
     per_op = next((r["per_op"] for r in ranks if r["rank"] == 0), [])
+    if quiet is not None:
+        rank0 = next(r for r in ranks if r["rank"] == 0)["timed"]  # /proc/stat is machine-wide: one rank's read
+        quiet.update(foreign_share(rank0["busy_s"], sum(r["timed"]["cpu_s"] for r in ranks), rank0["wall_s"]))
     record = {
         "run_id": run_id(run),
         "run": canonical_json(run),
