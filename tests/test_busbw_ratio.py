@@ -116,7 +116,11 @@ def test_committed_cpu_steps_carry_the_fit_of_their_collectives():
     manifest = json.loads((CPU_DATA / "manifest.json").read_text())
     comm_recs = pd.read_parquet(CPU_DATA / "ops_cpu_collectives.parquet").to_dict("records")
     steps = pd.read_parquet(CPU_DATA / "steps_cpu.parquet")
-    links = manifest["collections"][0]["links"]
+    # the collection that measured the steps (and the collectives they carry)
+    collection = next(c for c in reversed(manifest["collections"]) if "steps_cpu.parquet" in c["files"])
+    links = collection["links"]
+    # ratios compare like with like: each collective against the all-reduce, both after a barrier
+    barrier = {w: fits["barrier_median"] for w, fits in collection["link_fits"].items()}
     seen = 0
     for text in steps["run"]:
         hw = json.loads(text)["hardware"]
@@ -125,8 +129,9 @@ def test_committed_cpu_steps_carry_the_fit_of_their_collectives():
             assert "collective_busbw_ratio" not in hw
             continue
         link = links[str(w)]
-        fit = fit_busbw_ratios([r for r in comm_recs if r["world_size"] == w], link, w)
+        fit = fit_busbw_ratios([r for r in comm_recs if r["world_size"] == w], barrier[str(w)], w)
         assert hw["collective_busbw_ratio"] == fit == link["collective_busbw_ratio"]
+        assert hw["intra_node_latency_us"] == link["intra_node_latency_us"]
         seen += 1
     assert seen == 83
     # gloo's reduce-scatter is far below ring speed relative to its all-reduce (a third, not 1)

@@ -10,6 +10,7 @@ import pytest
 
 from learnedperf.cli import main
 from learnedperf.errors import InputError
+from learnedperf.measure.bench import fit_link, fit_link_in_stream
 from learnedperf.measure.records import OP_COLUMNS, STEP_COLUMNS, verify_manifest, write_manifest, write_parquet
 
 FIXTURES = Path(__file__).parent / "data" / "ingest"
@@ -100,6 +101,13 @@ def test_measure_quick_end_to_end_with_two_processes(tmp_path, capsys):
     assert set(comm.world_size) == {2} and (comm.time_ms > 0).all()
     link = manifest["collections"][-1]["links"]["2"]
     assert link["intra_node_bandwidth_GBps"] > 0 and link["intra_node_latency_us"] >= 0
+    # the link is the in-stream fit of the manifest's in-stream points; the barrier fit is kept beside it
+    fits = manifest["collections"][-1]["link_fits"]["2"]
+    refit = fit_link_in_stream(fits["in_stream_points"], 2)
+    assert link["intra_node_latency_us"] == pytest.approx(refit["intra_node_latency_us"])
+    assert link["intra_node_bandwidth_GBps"] == pytest.approx(refit["intra_node_bandwidth_GBps"])
+    assert fits["barrier_median"]["intra_node_latency_us"] == pytest.approx(
+        fit_link(comm.to_dict("records"), 2)["intra_node_latency_us"])
     # the 2-process step's run carries the fitted link of 2 processes
     run = json.loads(steps[steps.world_size == 2].iloc[0].run)
     assert run["hardware"]["intra_node_bandwidth_GBps"] == pytest.approx(link["intra_node_bandwidth_GBps"])

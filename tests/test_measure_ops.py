@@ -13,7 +13,8 @@ import pytest
 
 from learnedperf.errors import InputError
 from learnedperf.graph.ops import COMM_KINDS, COMPUTE_KINDS
-from learnedperf.measure.bench import bench_collectives, describe_device, fit_link, host_descriptor
+from learnedperf.measure.bench import (bench_collectives, describe_device, fit_link, fit_link_in_stream,
+                                      host_descriptor)
 from learnedperf.measure.ops import (OP_KINDS, OpCase, UnsupportedCase, as_op, flops_bytes, op_grid, profile_grid,
                                      profile_op)
 from learnedperf.measure.records import OP_COLUMNS, check_records, write_parquet
@@ -183,6 +184,35 @@ def test_fit_link_recovers_known_alpha_beta():
     assert noisy["world_sizes"] == [4] and 0 < noisy["residual_rel_rms"] < 0.1
     with pytest.raises(InputError, match="two message sizes"):
         fit_link([{"kind": "allreduce", "world_size": 2, "bytes": 1.0, "time_ms": 1.0}])
+
+
+def test_in_stream_allreduce_on_two_processes():
+    """A real in-stream measurement: every size costs something, and a 256x larger message costs more."""
+    import multiprocessing
+
+    from learnedperf.measure.bench import bench_in_stream
+
+    points = bench_in_stream(2, (4096, 1 << 20), loops=2, target_loop_s=0.02, timeout_s=120)
+    assert [p["bytes"] for p in points] == [4096, 1 << 20]
+    for p in points:
+        assert p["world_size"] == 2 and 5 <= p["calls"] <= 200 and len(p["loop_costs_ms"]) == 2
+        assert p["cost_ms"] > 0 and p["compute_ms"] > 0
+    assert points[1]["cost_ms"] > points[0]["cost_ms"]
+    assert multiprocessing.active_children() == []
+    fit = fit_link_in_stream(points, 2)
+    assert fit["intra_node_bandwidth_GBps"] > 0 and fit["intra_node_latency_us"] >= 0 and fit["dropped"] == []
+
+
+def test_fit_link_in_stream_is_fit_link_on_the_added_costs():
+    alpha_s, bw_Bps = 300e-6, 1e9  # ring all-reduce on 2 ranks: 2·α + S / B
+    points = [{"world_size": 2, "bytes": float(s), "cost_ms": (2 * alpha_s + s / bw_Bps) * 1e3}
+              for s in (4096, 65536, 1 << 20, 1 << 24)]
+    fit = fit_link_in_stream(points + [{"world_size": 2, "bytes": 1024.0, "cost_ms": -0.01}], 2)
+    assert math.isclose(fit["intra_node_latency_us"], 300.0, rel_tol=1e-6)
+    assert math.isclose(fit["intra_node_bandwidth_GBps"], 1.0, rel_tol=1e-6)
+    assert fit["dropped"] == [1024] and fit["n_points"] == 4  # the negative cost is listed, not fitted
+    with pytest.raises(InputError, match="two message sizes"):
+        fit_link_in_stream(points[:1], 2)
 
 
 def test_importing_measure_modules_does_not_import_torch():

@@ -5,7 +5,10 @@
 * :func:`host_descriptor` — the machine around it (host, CPU, memory, software);
 * :func:`bench_collectives` — collectives timed over ``world_size`` local processes,
   as operator records (:data:`~learnedperf.measure.records.OP_COLUMNS`);
-* :func:`fit_link` — the α-β link parameters fitted to all-reduce records.
+* :func:`bench_in_stream` — what one all-reduce adds to a stream of computation (the cost a
+  training step pays), per message size;
+* :func:`fit_link` — the α-β link parameters fitted to all-reduce records
+  (:func:`fit_link_in_stream`: to the in-stream costs).
 
 Everything runs on this machine only: helper processes are started with the
 ``spawn`` method, meet through a file store in a private temporary directory (the
@@ -25,6 +28,7 @@ import re
 import tempfile
 import time
 import traceback
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
@@ -509,12 +513,13 @@ def _collective_fn(dist, torch, op: str, nbytes: int, world_size: int, rank: int
     raise InputError(f"ops: unknown collective {op!r} (known: {', '.join(COLLECTIVE_KINDS)})")
 
 
-def _collective_worker(rank: int, world_size: int, store_path: str, backend: str, ops: tuple, sizes: tuple,
-                       warmup: int, repeats: int, threads: int, timeout_s: float, queue) -> None:
-    """Entry of one collective-benchmark rank (module level so ``spawn`` can import it).
+@contextmanager
+def _process_group(rank: int, world_size: int, store_path: str, backend: str, threads: int, timeout_s: float):
+    """``(torch, torch.distributed, device, sync)`` of one benchmark rank inside its process group.
 
-    Puts ``(rank, "ok", {(op, size): ("ok", bytes, [ms...]) | ("skip", reason)})`` or
-    ``(rank, "error", traceback)`` on ``queue``; always destroys the process group.
+    Sockets are bound to the loopback interface; the group meets through the file store at
+    ``store_path``; the rank's device is ``cuda:<rank>`` with NCCL, else the CPU. The group is
+    always destroyed on exit.
     """
     from datetime import timedelta
 
@@ -538,37 +543,49 @@ def _collective_worker(rank: int, world_size: int, store_path: str, backend: str
             if device != "cpu":
                 torch.cuda.synchronize()
 
-        out: dict = {}
-        for op in ops:
-            for size in sizes:
-                try:
-                    fn, nbytes = _collective_fn(dist, torch, op, size, world_size, rank, device)
-                    for _ in range(warmup):
-                        fn()
-                    sync()
-                    times = []
-                    for _ in range(repeats):
-                        dist.barrier()
-                        sync()
-                        t0 = time.perf_counter()
-                        fn()
-                        sync()
-                        times.append((time.perf_counter() - t0) * 1e3)
-                    out[(op, size)] = ("ok", nbytes, times)
-                except (RuntimeError, NotImplementedError, ValueError) as exc:
-                    # e.g. a backend without this collective: every rank raises before communicating
-                    out[(op, size)] = ("skip", f"{backend} {op}: {type(exc).__name__}: "
-                                               f"{str(exc).splitlines()[0][:200] if str(exc) else ''}")
-                dist.barrier()
-        queue.put((rank, "ok", out))
-    except BaseException:  # noqa: BLE001 - reported to the parent, which raises
-        queue.put((rank, "error", traceback.format_exc(limit=5)))
+        yield torch, dist, device, sync
     finally:
         if dist.is_available() and dist.is_initialized():
             try:
                 dist.destroy_process_group()
             except Exception:  # noqa: BLE001 - teardown must not mask the real error
                 pass
+
+
+def _collective_worker(rank: int, world_size: int, store_path: str, backend: str, ops: tuple, sizes: tuple,
+                       warmup: int, repeats: int, threads: int, timeout_s: float, queue) -> None:
+    """Entry of one collective-benchmark rank (module level so ``spawn`` can import it).
+
+    Puts ``(rank, "ok", {(op, size): ("ok", bytes, [ms...]) | ("skip", reason)})`` or
+    ``(rank, "error", traceback)`` on ``queue``; always destroys the process group.
+    """
+    try:
+        with _process_group(rank, world_size, store_path, backend, threads, timeout_s) as (torch, dist, device, sync):
+            out: dict = {}
+            for op in ops:
+                for size in sizes:
+                    try:
+                        fn, nbytes = _collective_fn(dist, torch, op, size, world_size, rank, device)
+                        for _ in range(warmup):
+                            fn()
+                        sync()
+                        times = []
+                        for _ in range(repeats):
+                            dist.barrier()
+                            sync()
+                            t0 = time.perf_counter()
+                            fn()
+                            sync()
+                            times.append((time.perf_counter() - t0) * 1e3)
+                        out[(op, size)] = ("ok", nbytes, times)
+                    except (RuntimeError, NotImplementedError, ValueError) as exc:
+                        # e.g. a backend without this collective: every rank raises before communicating
+                        out[(op, size)] = ("skip", f"{backend} {op}: {type(exc).__name__}: "
+                                                   f"{str(exc).splitlines()[0][:200] if str(exc) else ''}")
+                    dist.barrier()
+            queue.put((rank, "ok", out))
+    except BaseException:  # noqa: BLE001 - reported to the parent, which raises
+        queue.put((rank, "error", traceback.format_exc(limit=5)))
 
 
 def bench_collectives(world_size: int, sizes_bytes: Iterable[int], backend: Optional[str] = None,
@@ -659,6 +676,129 @@ def bench_collectives(world_size: int, sizes_bytes: Iterable[int], backend: Opti
                 "measured_at": when,
             }[k] for k in OP_COLUMNS})  # exactly the schema's columns, in its order
     return records
+
+
+#: the computation between two collectives of the in-stream benchmark: STREAM_MATMULS fp32 matmuls of
+#: (128 × STREAM_HIDDEN) by (STREAM_HIDDEN × 2·STREAM_HIDDEN), the shape of a small tensor-parallel layer
+STREAM_MATMULS, STREAM_HIDDEN = 3, 256
+
+
+def _in_stream_worker(rank: int, world_size: int, store_path: str, backend: str, sizes: tuple, loops: int,
+                      target_loop_s: float, threads: int, timeout_s: float, queue) -> None:
+    """Entry of one in-stream benchmark rank: puts ``(rank, "ok", {size: (bytes, calls, [mix_s], [comp_s])})``.
+
+    Per size and loop: after a barrier, ``calls`` × (compute; all-reduce) with no barrier between
+    them (``mix_s``), then after another barrier ``calls`` × compute alone (``comp_s``).
+    ``calls`` is the same on every rank (the slowest rank's estimate, agreed by an all-reduce).
+    """
+    try:
+        with _process_group(rank, world_size, store_path, backend, threads, timeout_s) as (torch, dist, device, sync):
+            a = torch.randn(128, STREAM_HIDDEN, device=device)
+            w = torch.randn(STREAM_HIDDEN, 2 * STREAM_HIDDEN, device=device)
+
+            def compute() -> None:
+                for _ in range(STREAM_MATMULS):
+                    a @ w
+
+            def loop(calls: int, collective) -> float:
+                """Seconds of ``calls`` × (compute; ``collective``), started together after a barrier."""
+                dist.barrier()
+                sync()
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    compute()
+                    collective()
+                sync()
+                return time.perf_counter() - t0
+
+            out: dict = {}
+            for size in sizes:
+                fn, nbytes = _collective_fn(dist, torch, "allreduce", size, world_size, rank, device)
+                loop(3, fn)  # warm-up
+                est = torch.tensor([loop(3, fn) / 3], dtype=torch.float64, device=device)
+                dist.all_reduce(est, op=dist.ReduceOp.MAX)
+                calls = int(min(200, max(5, target_loop_s / max(float(est.item()), 1e-6))))
+                mix, comp = [], []
+                for _ in range(loops):
+                    mix.append(loop(calls, fn))
+                    comp.append(loop(calls, lambda: None))
+                out[size] = (nbytes, calls, mix, comp)
+            queue.put((rank, "ok", out))
+    except BaseException:  # noqa: BLE001 - reported to the parent, which raises
+        queue.put((rank, "error", traceback.format_exc(limit=5)))
+
+
+def bench_in_stream(world_size: int, sizes_bytes: Iterable[int], backend: Optional[str] = None, loops: int = 5,
+                    target_loop_s: float = 0.2, threads: int = 1, timeout_s: float = 300.0) -> list[dict]:
+    """What one all-reduce adds to a stream of computation, per message size.
+
+    :func:`bench_collectives` times each call after a barrier and keeps the median: the cost of
+    one collective started by every rank at once. A training step issues its collectives back to
+    back between computations and its time is their *sum*: each adds its mean cost, the skew
+    between ranks and any latency tail included. Per size, each of ``loops`` loops times
+    ``calls`` × (compute; all-reduce) without barriers and ``calls`` × compute alone; the added
+    time of one all-reduce is ``(mix − compute) / calls`` with ``mix`` and ``compute`` the
+    slowest rank's, and the result is the median over the loops. The compute is
+    :data:`STREAM_MATMULS` small matmuls; ``calls`` is chosen so that a loop lasts about
+    ``target_loop_s`` (5 to 200 calls).
+
+    Returns:
+        One dict per size: ``world_size``, ``bytes``, ``calls``, ``cost_ms`` (median over the
+        loops), ``loop_costs_ms`` (every loop's) and ``compute_ms`` (the compute between two
+        collectives, median).
+
+    Raises:
+        InputError: bad arguments. MeasureError: a process failed or the run timed out.
+    """
+    import statistics
+
+    sizes = tuple(int(s) for s in sizes_bytes)
+    if not isinstance(world_size, int) or world_size < 2:
+        raise InputError(f"world_size: must be an integer >= 2, got {world_size!r}")
+    if not sizes or any(s <= 0 for s in sizes):
+        raise InputError(f"sizes_bytes: need positive sizes, got {list(sizes)}")
+    if loops < 1 or target_loop_s <= 0:
+        raise InputError(f"loops/target_loop_s: need loops >= 1 and target_loop_s > 0, got {loops}/{target_loop_s}")
+    import torch
+
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend not in ("gloo", "nccl"):
+        raise InputError(f"backend: expected 'gloo' or 'nccl', got {backend!r}")
+    with tempfile.TemporaryDirectory(prefix="learnedperf-stream-") as tmp:
+        store = os.path.join(tmp, "store")
+        results = _run_workers(
+            _in_stream_worker,
+            lambda rank, _bar: (rank, world_size, store, backend, sizes, loops, target_loop_s, threads, timeout_s),
+            world_size, timeout_s + 30.0, "bench_in_stream")
+    out = []
+    for size in sizes:
+        nbytes, calls = results[0][size][0], results[0][size][1]
+        mix = [max(results[r][size][2][i] for r in range(world_size)) for i in range(loops)]
+        comp = [max(results[r][size][3][i] for r in range(world_size)) for i in range(loops)]
+        costs = [(m - c) / calls * 1e3 for m, c in zip(mix, comp)]
+        out.append({"world_size": world_size, "bytes": nbytes, "calls": calls,
+                    "cost_ms": statistics.median(costs), "loop_costs_ms": [round(c, 6) for c in costs],
+                    "compute_ms": statistics.median(comp) / calls * 1e3})
+    return out
+
+
+def fit_link_in_stream(points: Iterable[dict], world_size: Optional[int] = None) -> dict:
+    """:func:`fit_link` on :func:`bench_in_stream` results: the link as a step's stream of
+    collectives sees it. Sizes whose added cost is not positive (the collective hid inside the
+    compute's noise) cannot be fitted; they are listed under ``dropped`` (bytes), never ignored
+    silently.
+
+    Raises:
+        InputError: fewer than two sizes left to fit.
+    """
+    points = list(points)
+    keep = [p for p in points if p["cost_ms"] > 0 and (world_size is None or p["world_size"] == world_size)]
+    dropped = [int(p["bytes"]) for p in points if p["cost_ms"] <= 0 and (world_size is None or p["world_size"] == world_size)]
+    fit = fit_link([{"kind": "allreduce", "world_size": p["world_size"], "bytes": p["bytes"], "time_ms": p["cost_ms"]}
+                    for p in keep], world_size)
+    fit["dropped"] = dropped
+    return fit
 
 
 # ------------------------------------------------------------------ α-β fit

@@ -4,8 +4,12 @@ One collection, in order:
 
 1. **device**: :func:`~learnedperf.measure.bench.describe_device` for each process count the
    steps use (1, 2, 4 processes running at once: what one rank gets when they share the machine);
-2. **collectives**: :func:`~learnedperf.measure.bench.bench_collectives` for 2 and 4 processes,
-   and an α-β fit of the all-reduce records per process count (the run's link figures);
+2. **collectives**: :func:`~learnedperf.measure.bench.bench_collectives` for 2 and 4 processes
+   (each call after a barrier), and the run's link figures per process count: an α-β fit of
+   what one all-reduce adds to a stream of computation
+   (:func:`~learnedperf.measure.bench.bench_in_stream`), with each other collective's bus
+   bandwidth relative to the all-reduce's after a barrier (``collective_busbw_ratio``); the
+   manifest keeps both fits (``link_fits``);
 3. **ops**: the operator grid of :func:`~learnedperf.measure.ops.op_grid`;
 4. **steps**: the training-step grid of :func:`~learnedperf.measure.steps.step_grid`, each step's
    run carrying the device descriptor and fitted link of its process count.
@@ -71,7 +75,8 @@ def collect(out: str | Path, *, quick: bool = False, parts: Iterable[str] = PART
     Raises:
         InputError: an unknown part or device.
     """
-    from .bench import bench_collectives, describe_device, fit_busbw_ratios, fit_link, host_descriptor
+    from .bench import (bench_collectives, bench_in_stream, describe_device, fit_busbw_ratios, fit_link,
+                        fit_link_in_stream, host_descriptor)
     from .ops import op_grid, profile_grid
     from .steps import step_grid
 
@@ -117,6 +122,7 @@ def collect(out: str | Path, *, quick: bool = False, parts: Iterable[str] = PART
         descriptors[(w, t)] = describe_device(device, threads=t, concurrent=w, quick=quick)
     devices = {w: descriptors[(w, threads)] for w in worlds}
     files: list[str] = []
+    link_fits: dict[int, dict] = {}
     if "collectives" in parts:
         comm_records: list[dict] = []
         for w in (w for w in worlds if w > 1):
@@ -124,12 +130,21 @@ def collect(out: str | Path, *, quick: bool = False, parts: Iterable[str] = PART
             recs = bench_collectives(w, _QUICK_SIZES if quick else _SIZES, threads=threads,
                                      descriptor=devices[w], repeats=5 if quick else 10, skipped=skipped)
             comm_records += recs
-            fit = fit_link(recs, w)
-            links[w] = {k: fit[k] for k in ("intra_node_bandwidth_GBps", "intra_node_latency_us")}
-            ratios = fit_busbw_ratios(recs, links[w], w)
+            barrier_fit = fit_link(recs, w)
+            # The run's link is what a step's collectives cost: the all-reduce's added time in a stream
+            # of computation (its mean, skew and latency tail included), not the barrier median.
+            log(f"measure: all-reduce in a stream of computation over {w} processes ...")
+            stream = bench_in_stream(w, _QUICK_SIZES if quick else _SIZES, threads=threads,
+                                     loops=3 if quick else 5, target_loop_s=0.1 if quick else 0.2)
+            stream_fit = fit_link_in_stream(stream, w)
+            links[w] = {k: stream_fit[k] for k in ("intra_node_bandwidth_GBps", "intra_node_latency_us")}
+            # each collective against the all-reduce, both timed after a barrier: like with like
+            ratios = fit_busbw_ratios(recs, barrier_fit, w)
             if ratios:
                 links[w]["collective_busbw_ratio"] = ratios
-            log(f"measure: {w} processes: all-reduce fit {links[w]}")
+            link_fits[w] = {"barrier_median": barrier_fit, "in_stream": stream_fit, "in_stream_points": stream}
+            log(f"measure: {w} processes: link {links[w]} (in-stream fit; after a barrier: "
+                f"{barrier_fit['intra_node_latency_us']:.0f} us, {barrier_fit['intra_node_bandwidth_GBps']:.3g} GB/s)")
         files.append(write_parquet(comm_records, out / f"ops_{tag}_collectives.parquet", OP_COLUMNS,
                                    "collective").name)
     if "ops" in parts:
@@ -195,7 +210,8 @@ def collect(out: str | Path, *, quick: bool = False, parts: Iterable[str] = PART
     collection = {"started": started, "finished": now_utc(), "command": command, "device": device,
                   "threads": threads, "quick": quick, "parts": list(parts), "files": files,
                   "devices": {f"{w}x{t}": d for (w, t), d in descriptors.items()},
-                  "links": {str(w): v for w, v in links.items()}, "skipped": skipped, "quiet": quiet}
+                  "links": {str(w): v for w, v in links.items()},
+                  "link_fits": {str(w): v for w, v in link_fits.items()}, "skipped": skipped, "quiet": quiet}
     if quiet["contended"]:
         log(f"measure: {len(quiet['contended'])} case(s) stayed contended after a re-measurement (listed in the "
             "manifest under quiet.contended): other processes used the CPUs while they ran")
