@@ -28,9 +28,9 @@ from typing import Optional
 QUIET_SHARE = 0.15
 """A window whose other processes used more than this share of the machine's CPUs is contended.
 
-Why 0.15: over the 136 steps of the quiet collection in ``datasets/measured/vm-xeon-2c`` (2-core
-VM) the share was 0.000–0.035 (kernel threads, tick rounding); one competing busy process on
-2 cores is 0.5."""
+Why 0.15: over the 2 × 136 steps of two quiet collections of ``datasets/measured/vm-xeon-2c``
+(2-core VM) the share was 0.000–0.054 (kernel threads, tick rounding); one competing busy
+process on 2 cores is 0.5."""
 
 MIN_FOREIGN_S = 0.05
 """Foreign CPU seconds below which a window is never called contended (5 ticks at USER_HZ=100)."""
