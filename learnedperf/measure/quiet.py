@@ -100,13 +100,20 @@ class Window:
         self.cpu0 = time.process_time()
         self.t0 = time.perf_counter()
 
+    def elapsed(self) -> dict:
+        """This process's CPU seconds (``cpu_s``), the wall seconds (``wall_s``) and the machine's
+        busy CPU-seconds (``busy_s``, None without ``/proc/stat``) since the window opened: the raw
+        terms, for windows whose own time is summed over several processes."""
+        wall = time.perf_counter() - self.t0
+        busy1 = machine_busy_s()
+        return {"cpu_s": time.process_time() - self.cpu0, "wall_s": wall,
+                "busy_s": None if self.busy0 is None or busy1 is None else busy1 - self.busy0}
+
     def close(self, extra_own_cpu_s: float = 0.0) -> dict:
         """The :func:`foreign_share` report of the window so far (``extra_own_cpu_s``: CPU time
         of helper processes that belong to the measurement)."""
-        wall = time.perf_counter() - self.t0
-        busy1 = machine_busy_s()
-        busy = None if self.busy0 is None or busy1 is None else busy1 - self.busy0
-        return foreign_share(busy, time.process_time() - self.cpu0 + extra_own_cpu_s, wall)
+        e = self.elapsed()
+        return foreign_share(e["busy_s"], e["cpu_s"] + extra_own_cpu_s, e["wall_s"])
 
 
 def wait_until_quiet(timeout_s: float = 30.0, probe_s: float = 1.0) -> Optional[dict]:

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from ..errors import InputError, LearnedPerfError, SpecError
-from .quiet import foreign_share, machine_busy_s
+from .quiet import Window, foreign_share
 from .records import STEP_COLUMNS, canonical_json, host_name, now_utc, run_id
 
 #: Architectures built as transformers from :class:`learnedperf.specs.ModelSpec`.
@@ -644,22 +644,20 @@ def _run_rank(plan: StepPlan, rank: int, iterations: Optional[int] = None) -> di
     warmup = 0 if iterations is not None else plan.warmup
     count = iterations if iterations is not None else plan.repeats
     times_s, losses = [], []
-    window = {"cpu0": time.process_time(), "busy0": machine_busy_s(), "t0": time.perf_counter()}
+    window = Window()
     for it in range(warmup + count):
         if dist is not None:
             dist.barrier()  # every rank starts the iteration together, so max over ranks is the iteration
         if it == warmup:
             # the timed iterations are the window of the quiet-machine check (measure.quiet)
-            window = {"cpu0": time.process_time(), "busy0": machine_busy_s(), "t0": time.perf_counter()}
+            window = Window()
         t0 = time.perf_counter()
         loss = step()
         t1 = time.perf_counter()
         if it >= warmup:
             times_s.append(t1 - t0)
             losses.append(loss)
-    busy1 = machine_busy_s()
-    timed = {"cpu_s": time.process_time() - window["cpu0"], "wall_s": time.perf_counter() - window["t0"],
-             "busy_s": None if busy1 is None or window["busy0"] is None else busy1 - window["busy0"]}
+    timed = window.elapsed()
     peak_rss_MiB = _peak_rss_MiB()  # before profiling, whose bookkeeping is not part of the step
     per_op: list[dict] = []
     if plan.profile and iterations is None:
