@@ -28,17 +28,12 @@ import time
 
 def _worker(rank: int, world: int, store: str, sizes: list[int], repeats: int, matmuls: int, hidden: int,
             out: str) -> None:
-    import torch
-    import torch.distributed as dist
+    from learnedperf.measure.bench import _process_group
 
-    from learnedperf.measure.bench import _loopback_ifname
-
-    os.environ["GLOO_SOCKET_IFNAME"] = _loopback_ifname()  # loopback only
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-    a, w = torch.randn(128, hidden), torch.randn(hidden, 2 * hidden)
-    rows = []
-    try:
+    # gloo on loopback through a file store, one thread: the collective benchmark's own set-up
+    with _process_group(rank, world, store, "gloo", 1, 300.0) as (torch, dist, _device, _sync):
+        a, w = torch.randn(128, hidden), torch.randn(hidden, 2 * hidden)
+        rows = []
         for size in sizes:
             x = torch.zeros(size // 4)
             for mode in ("barrier", "bare", "in stream"):
@@ -60,8 +55,6 @@ def _worker(rank: int, world: int, store: str, sizes: list[int], repeats: int, m
             with open(out, "w", encoding="utf-8") as fh:
                 for row in rows:
                     fh.write("\t".join(str(v) for v in row) + "\n")
-    finally:
-        dist.destroy_process_group()
 
 
 def main(argv: list[str]) -> int:

@@ -588,6 +588,29 @@ def _collective_worker(rank: int, world_size: int, store_path: str, backend: str
         queue.put((rank, "error", traceback.format_exc(limit=5)))
 
 
+def _check_world_and_sizes(world_size: int, sizes_bytes: Iterable[int]) -> tuple[int, ...]:
+    """The message sizes as a tuple, after checking ``world_size`` (>= 2) and the sizes (> 0)."""
+    sizes = tuple(int(s) for s in sizes_bytes)
+    if not isinstance(world_size, int) or world_size < 2:
+        raise InputError(f"world_size: must be an integer >= 2, got {world_size!r}")
+    if not sizes or any(s <= 0 for s in sizes):
+        raise InputError(f"sizes_bytes: need positive sizes, got {list(sizes)}")
+    return sizes
+
+
+def _resolve_backend(backend: Optional[str]) -> str:
+    """``backend``, or NCCL when CUDA is available and gloo otherwise; checked against this machine."""
+    import torch
+
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend not in ("gloo", "nccl"):
+        raise InputError(f"backend: expected 'gloo' or 'nccl', got {backend!r}")
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise InputError("backend: 'nccl' needs CUDA, which is not available")
+    return backend
+
+
 def bench_collectives(world_size: int, sizes_bytes: Iterable[int], backend: Optional[str] = None,
                       ops: Iterable[str] = ("allreduce", "allgather", "reducescatter", "broadcast"),
                       warmup: int = 3, repeats: int = 10, threads: int = 1, timeout_s: float = 300.0,
@@ -618,25 +641,14 @@ def bench_collectives(world_size: int, sizes_bytes: Iterable[int], backend: Opti
 
     import numpy as np
 
-    sizes = tuple(int(s) for s in sizes_bytes)
+    sizes = _check_world_and_sizes(world_size, sizes_bytes)
     ops = tuple(ops)
-    if not isinstance(world_size, int) or world_size < 2:
-        raise InputError(f"world_size: must be an integer >= 2, got {world_size!r}")
-    if not sizes or any(s <= 0 for s in sizes):
-        raise InputError(f"sizes_bytes: need positive sizes, got {list(sizes)}")
     for op in ops:
         if op not in COLLECTIVE_KINDS:
             raise InputError(f"ops: unknown collective {op!r} (known: {', '.join(COLLECTIVE_KINDS)})")
     if repeats < 1 or warmup < 0:
         raise InputError(f"repeats/warmup: need repeats >= 1 and warmup >= 0, got {repeats}/{warmup}")
-    import torch
-
-    if backend is None:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend not in ("gloo", "nccl"):
-        raise InputError(f"backend: expected 'gloo' or 'nccl', got {backend!r}")
-    if backend == "nccl" and not torch.cuda.is_available():
-        raise InputError("backend: 'nccl' needs CUDA, which is not available")
+    backend = _resolve_backend(backend)
     device = "cuda" if backend == "nccl" else "cpu"
     desc_json = canonical_json(descriptor) if descriptor is not None else cached_descriptor_json(device, threads)
     desc_name = json.loads(desc_json).get("name", "unknown")
@@ -752,19 +764,10 @@ def bench_in_stream(world_size: int, sizes_bytes: Iterable[int], backend: Option
     """
     import statistics
 
-    sizes = tuple(int(s) for s in sizes_bytes)
-    if not isinstance(world_size, int) or world_size < 2:
-        raise InputError(f"world_size: must be an integer >= 2, got {world_size!r}")
-    if not sizes or any(s <= 0 for s in sizes):
-        raise InputError(f"sizes_bytes: need positive sizes, got {list(sizes)}")
+    sizes = _check_world_and_sizes(world_size, sizes_bytes)
     if loops < 1 or target_loop_s <= 0:
         raise InputError(f"loops/target_loop_s: need loops >= 1 and target_loop_s > 0, got {loops}/{target_loop_s}")
-    import torch
-
-    if backend is None:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend not in ("gloo", "nccl"):
-        raise InputError(f"backend: expected 'gloo' or 'nccl', got {backend!r}")
+    backend = _resolve_backend(backend)
     with tempfile.TemporaryDirectory(prefix="learnedperf-stream-") as tmp:
         store = os.path.join(tmp, "store")
         results = _run_workers(
@@ -792,9 +795,9 @@ def fit_link_in_stream(points: Iterable[dict], world_size: Optional[int] = None)
     Raises:
         InputError: fewer than two sizes left to fit.
     """
-    points = list(points)
-    keep = [p for p in points if p["cost_ms"] > 0 and (world_size is None or p["world_size"] == world_size)]
-    dropped = [int(p["bytes"]) for p in points if p["cost_ms"] <= 0 and (world_size is None or p["world_size"] == world_size)]
+    points = [p for p in points if world_size is None or p["world_size"] == world_size]
+    keep = [p for p in points if p["cost_ms"] > 0]
+    dropped = [int(p["bytes"]) for p in points if p["cost_ms"] <= 0]
     fit = fit_link([{"kind": "allreduce", "world_size": p["world_size"], "bytes": p["bytes"], "time_ms": p["cost_ms"]}
                     for p in keep], world_size)
     fit["dropped"] = dropped

@@ -109,11 +109,10 @@ class Window:
         return {"cpu_s": time.process_time() - self.cpu0, "wall_s": wall,
                 "busy_s": None if self.busy0 is None or busy1 is None else busy1 - self.busy0}
 
-    def close(self, extra_own_cpu_s: float = 0.0) -> dict:
-        """The :func:`foreign_share` report of the window so far (``extra_own_cpu_s``: CPU time
-        of helper processes that belong to the measurement)."""
+    def close(self) -> dict:
+        """The :func:`foreign_share` report of the window so far."""
         e = self.elapsed()
-        return foreign_share(e["busy_s"], e["cpu_s"] + extra_own_cpu_s, e["wall_s"])
+        return foreign_share(e["busy_s"], e["cpu_s"], e["wall_s"])
 
 
 def wait_until_quiet(timeout_s: float = 30.0, probe_s: float = 1.0) -> Optional[dict]:
