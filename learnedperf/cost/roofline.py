@@ -8,9 +8,20 @@ from ..graph.ops import Op
 from ..specs import HardwareSpec
 from .base import CommCost, CostModel
 from .collective import collective_cost
+from .curves import curve_rate_flops
 from .params import CostParams, default_params
 
 _TC_PRECISIONS = ("tf32", "bf16", "fp16", "fp8")
+
+
+def attention_flops(op: Op, tile_n: int) -> float:
+    """FLOPs a fused attention kernel executes for ``op``: a causal square one skips the key blocks
+    (of ``tile_n`` keys) above the diagonal, leaving (nb+1)/(2nb) of them (FlashAttention)."""
+    b, heads, s_q, s_kv, _hd = op.shape
+    if op.causal and s_q == s_kv:
+        nb = max(1, math.ceil(s_kv / tile_n))
+        return op.flops * (nb + 1) / (2 * nb)
+    return op.flops
 
 
 class RooflineCost(CostModel):
@@ -23,6 +34,12 @@ class RooflineCost(CostModel):
     of a causal score matrix; every other kind is memory bound. A collective whose measured bus
     bandwidth is a fraction of all-reduce's (``hardware.collective_busbw_ratio``) moves its bytes
     at that fraction of the link rate.
+
+    A device that carries measured kernel curves (``DeviceSpec.kernel_curves``, see
+    :mod:`learnedperf.cost.curves`) has its GEMMs and fused attention costed on them instead:
+    ``overhead + max(FLOPs / (rate·η·∏ d/(d+d½)), bytes / bandwidth)``, with η the same fitted
+    share of an isolated kernel's rate kept inside a step; a measured ``optimizer_step`` rate
+    replaces the optimizer's streaming estimate.
     """
 
     name = "roofline"
@@ -76,7 +93,10 @@ class RooflineCost(CostModel):
         if cached is not None:
             return cached
         kind = op.kind
-        if kind == "matmul":
+        curve = self._curve(op)
+        if curve is not None:
+            t = curve
+        elif kind == "matmul":
             b, m, n, k = op.shape
             peak, eff = self._peak_flops(op.dtype, kind)
             tiles = b * math.ceil(m / self.p.tile_m) * math.ceil(n / self.p.tile_n)
@@ -85,11 +105,7 @@ class RooflineCost(CostModel):
         elif kind == "attention":
             b, heads, s_q, s_kv, _hd = op.shape
             peak, eff = self._peak_flops(op.dtype, kind)
-            flops = op.flops
-            if op.causal:
-                # FlashAttention skips key blocks above the diagonal: (nb+1)/(2nb) of the blocks remain
-                nb = max(1, math.ceil(s_kv / self.p.tile_n))
-                flops *= (nb + 1) / (2 * nb) if s_q == s_kv else 1.0
+            flops = attention_flops(op, self.p.tile_n)
             tiles = b * heads * math.ceil(s_q / self.p.tile_m)
             eff *= self._wave_efficiency(tiles)
             t = self._launch + max(flops / (peak * eff), op.bytes / self._bw)
@@ -102,6 +118,30 @@ class RooflineCost(CostModel):
             t = self._floor
         self._cache[op] = t
         return t
+
+    def _curve(self, op: Op) -> float | None:
+        """Seconds of ``op`` on the device's measured curves, or None when it has none for it."""
+        d = self.hw.device
+        if op.kind == "optimizer":
+            # the graph names its step "optimizer.<adam|sgd>"; a measured operator record "adamw"
+            name = op.name.rpartition(".")[2]
+            rate = d.optimizer_step.get("adam" if name == "adamw" else name) if d.optimizer_step else None
+            if rate is None:
+                return None
+            return rate.overhead_us * 1e-6 + op.shape[0] * rate.ns_per_param * 1e-9
+        if d.kernel_curves is None or op.kind not in ("matmul", "attention"):
+            return None
+        if op.kind == "matmul":
+            curve, dims, flops = d.curve("matmul", op.dtype), op.shape[1:4], op.flops
+        else:
+            kernel = "attention_bwd" if op.phase == "bwd" else "attention_fwd"
+            curve, dims, flops = d.curve(kernel, op.dtype), op.shape[2:5], attention_flops(op, self.p.tile_n)
+        if curve is None:
+            return None
+        # η: the share of an isolated kernel's rate kept inside a step, the same for attention as
+        # for GEMMs (both measured the same way); the memory bound still holds below the curve
+        _peak, eff = self._peak_flops(op.dtype, "matmul")
+        return curve.overhead_us * 1e-6 + max(flops / curve_rate_flops(curve, dims, eff), op.bytes / self._bw)
 
     # ----------------------------------------------------- communication
     def link_bandwidth_Bps(self, level: str) -> float:

@@ -266,7 +266,8 @@ def optimizer_ops(params: float, optimizer: str, precision: str) -> list[Op]:
     else:
         per_param = 4 * 3 + 4
         flops = 2.0
-    return [Op("optimizer.step", "optimizer", "opt", flops * params, float(per_param * params), "fp32",
+    # named after the optimizer: a device with a measured step rate per optimizer is costed on it
+    return [Op(f"optimizer.{optimizer}", "optimizer", "opt", flops * params, float(per_param * params), "fp32",
                (int(params), 1))]
 
 

@@ -12,7 +12,9 @@ One collection, in order:
    manifest keeps both fits (``link_fits``);
 3. **ops**: the operator grid of :func:`~learnedperf.measure.ops.op_grid`;
 4. **steps**: the training-step grid of :func:`~learnedperf.measure.steps.step_grid`, each step's
-   run carrying the device descriptor and fitted link of its process count.
+   run carrying the device descriptor and fitted link of its process count; the descriptor also
+   carries the kernel curves fitted on the operator records (this collection's, or the directory's
+   earlier ones: :mod:`learnedperf.measure.curves`).
 
 Records go to ``<out>/ops_<tag>.parquet``, ``ops_<tag>_collectives.parquet`` and
 ``steps_<tag>.parquet`` (``tag`` = ``cpu`` or ``cuda``, plus ``_quick`` for ``--quick``), and
@@ -187,12 +189,15 @@ def collect(out: str | Path, *, quick: bool = False, parts: Iterable[str] = PART
         skipped += op_skips
         log(f"measure: {len(records)} operator records; {len(op_skips)} cases cannot run here (listed in the "
             "manifest)")
+    curves_report = None
     if "steps" in parts:
+        step_devices, curves_report = _step_devices(descriptors, records if "ops" in parts else None,
+                                                    out / f"ops_{tag}.parquet", log)
         records = []
         failed: list[dict] = []
         for config in _bar(steps, len(steps), "steps", progress, unit="step"):
             w = config.world_size
-            hw = {"device": descriptors[(w, config.threads)], "devices_per_node": w, **links.get(w, {})}
+            hw = {"device": step_devices[(w, config.threads)], "devices_per_node": w, **links.get(w, {})}
             try:
                 rec, check = _quietly(_step_checked(config, hw), lambda c=config, h=hw: _step_checked(c, h),
                                       config.label(), quiet, log)
@@ -211,7 +216,8 @@ def collect(out: str | Path, *, quick: bool = False, parts: Iterable[str] = PART
                   "threads": threads, "quick": quick, "parts": list(parts), "files": files,
                   "devices": {f"{w}x{t}": d for (w, t), d in descriptors.items()},
                   "links": {str(w): v for w, v in links.items()},
-                  "link_fits": {str(w): v for w, v in link_fits.items()}, "skipped": skipped, "quiet": quiet}
+                  "link_fits": {str(w): v for w, v in link_fits.items()}, "skipped": skipped, "quiet": quiet,
+                  "kernel_curves": curves_report}
     if quiet["contended"]:
         log(f"measure: {len(quiet['contended'])} case(s) stayed contended after a re-measurement (listed in the "
             "manifest under quiet.contended): other processes used the CPUs while they ran")
@@ -220,6 +226,31 @@ def collect(out: str | Path, *, quick: bool = False, parts: Iterable[str] = PART
     manifest_path = write_manifest(out, command=command, host=host_descriptor(),
                                    extra={"collections": history + [collection]})
     return json.loads(manifest_path.read_text(encoding="utf-8"))
+
+
+def _step_devices(descriptors: dict, op_records: Optional[list], op_file: Path,
+                  log: Callable[[str], None]) -> tuple[dict, Optional[dict]]:
+    """The steps' device descriptors, with the kernel curves fitted on the operator records of this
+    collection (``op_records``) or, when it timed none, of the directory's earlier ``op_file``.
+    Returns the descriptors and the fit report (None when there were no operator records)."""
+    from .curves import fit_device_curves, with_curves
+
+    if op_records is None and op_file.exists():
+        import pandas as pd
+
+        op_records = pd.read_parquet(op_file).to_dict("records")
+        where = f"the operator records of {op_file.name} (an earlier collection)"
+    else:
+        where = "the operator records of this collection"
+    single = [r for r in op_records or [] if int(r["world_size"]) == 1 and r["direction"] != "comm"]
+    if not single:
+        log("measure: no operator records: the steps' device descriptors carry no kernel curves")
+        return dict(descriptors), None
+    curves, report = fit_device_curves(single)
+    source = f"fitted by learnedperf.measure.curves on {now_utc()} from {where}"
+    if report["left_out"]:
+        log(f"measure: kernel curves left out: {report['left_out']}")
+    return {k: with_curves(d, curves, source) for k, d in descriptors.items()}, {"source": source, **report}
 
 
 def _step_checked(config, hw: dict) -> tuple[dict, dict]:

@@ -32,8 +32,44 @@ class PeakTflops(Spec):
         return getattr(self, precision)
 
 
+#: Kernels a device may carry a measured throughput curve for (:class:`KernelCurve`).
+CURVE_KERNELS = ("matmul", "attention_fwd", "attention_bwd")
+#: Optimizers a device may carry a measured step rate for (:class:`OptimizerRate`).
+CURVE_OPTIMIZERS = ("adam", "sgd")
+_CURVE_DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
+
+
+class KernelCurve(Spec):
+    """Measured time of one compute kernel of one dtype on this device, as a function of size.
+
+    ``time = overhead_us + FLOPs / (tflops · ∏ d / (d + dim_half))`` over the op's dimensions
+    (a GEMM's m, n, k; an attention's s_q, s_kv, head dim): Hockney's fixed start-up plus a rate
+    that falls when any dimension is small against ``dim_half``, where blocked kernels cannot fill
+    their tiles. Fitted by :func:`learnedperf.cost.curves.fit_kernel_curve` on operator timings.
+    """
+
+    tflops: float = Field(gt=0, le=1e5, description="rate of large ops, TFLOP/s")
+    overhead_us: float = Field(ge=0, le=1e6, description="fixed time of one call, µs")
+    dim_half: float = Field(ge=0, le=1e6, description="dimension at which the rate halves")
+
+
+class OptimizerRate(Spec):
+    """Measured time of one optimizer step over N fp32 parameters: ``overhead_us + N · ns_per_param``
+    (fitted by :func:`learnedperf.cost.curves.fit_optimizer_rate`)."""
+
+    ns_per_param: float = Field(gt=0, le=1e6)
+    overhead_us: float = Field(ge=0, le=1e7)
+
+
 class DeviceSpec(Spec):
-    """One accelerator. Link fields are per device and per direction."""
+    """One accelerator. Link fields are per device and per direction.
+
+    ``kernel_curves`` (``{kernel: {dtype: KernelCurve}}``, kernels :data:`CURVE_KERNELS`) and
+    ``optimizer_step`` (``{optimizer: OptimizerRate}``) are optional measured descriptions of a device
+    whose kernels the peak figures alone misjudge (a CPU whose bf16 GEMMs only reach their peak at
+    large sizes and whose fused attention does not use its matrix units); the cost model uses them
+    in place of its fitted ramps when given.
+    """
 
     name: str
     vendor: str = "unknown"
@@ -50,7 +86,30 @@ class DeviceSpec(Spec):
     tdp_W: Optional[float] = Field(default=None, gt=0)
     devices_per_node: Optional[int] = Field(default=None, ge=1,
                                             description="usual node (NVLink domain) size of the platform")
+    kernel_curves: Optional[dict[str, dict[str, KernelCurve]]] = None
+    optimizer_step: Optional[dict[str, OptimizerRate]] = None
     sources: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check_curves(self) -> "DeviceSpec":
+        for kernel, per_dtype in (self.kernel_curves or {}).items():
+            if kernel not in CURVE_KERNELS:
+                raise FieldValueError(f"kernel_curves.{kernel if str(kernel).isprintable() else repr(kernel)}",
+                                      f"unknown kernel (known: {', '.join(CURVE_KERNELS)})")
+            for dtype in per_dtype:
+                if dtype not in _CURVE_DTYPES:
+                    raise FieldValueError(f"kernel_curves.{kernel}.{dtype if str(dtype).isprintable() else repr(dtype)}",
+                                          f"unknown dtype (known: {', '.join(_CURVE_DTYPES)})")
+        for opt in self.optimizer_step or {}:
+            if opt not in CURVE_OPTIMIZERS:
+                raise FieldValueError(f"optimizer_step.{opt if str(opt).isprintable() else repr(opt)}",
+                                      f"unknown optimizer (known: {', '.join(CURVE_OPTIMIZERS)})")
+        return self
+
+    def curve(self, kernel: str, dtype: str) -> Optional[KernelCurve]:
+        """The measured curve of ``kernel`` in ``dtype``, or None."""
+        curves = self.kernel_curves
+        return curves.get(kernel, {}).get(dtype) if curves else None
 
     def peak_flops(self, precision: str) -> float:
         """Peak FLOP/s of ``precision`` (raises SpecError if unsupported)."""

@@ -1,0 +1,237 @@
+"""A device's kernel curves, fitted on its own operator records, and carried by its descriptor.
+
+:func:`fit_device_curves` reduces a data set's single-process operator records to the optional
+``kernel_curves`` and ``optimizer_step`` of a device descriptor (:mod:`learnedperf.cost.curves`):
+
+* ``matmul`` per dtype, from the forward GEMMs (linear and bmm);
+* ``attention_fwd`` / ``attention_bwd`` per dtype, from the fused attention records. An isolated
+  backward also pays the autograd engine's start-up, which a training step pays once for its whole
+  graph: the backward curve keeps the forward's overhead (its rate and d½ are its own fit);
+* ``adam`` / ``sgd`` from the optimizer-step records over fp32 parameters.
+
+:func:`with_curves` puts them into a descriptor; a descriptor of several processes sharing the
+machine (``-x2``...) gets rates scaled by its own measured peak (GEMMs, attention) or bandwidth
+(optimizer) against those of the descriptor the operators were timed on, the shape of each curve
+(overhead, d½) staying the single-process one. ``learnedperf measure`` does both for the steps it
+measures; :func:`attach_curves` amends a data set collected before it did.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import InputError
+
+#: minimum timings per fitted curve (a curve from fewer is left out, and the report says so)
+MIN_TIMINGS = 6
+
+
+def _shape(value) -> tuple:
+    return tuple(int(x) for x in (json.loads(value) if isinstance(value, str) else value))
+
+
+def _params(value) -> dict:
+    return (json.loads(value) if isinstance(value, str) else value) or {}
+
+
+def fit_device_curves(records: list[dict]) -> tuple[dict, dict]:
+    """Fit kernel curves and optimizer rates on one device's operator records.
+
+    Args:
+        records: operator records (``OP_COLUMNS`` dicts) of one device descriptor, single-process.
+
+    Returns:
+        ``(curves, report)``: ``curves`` has ``kernel_curves`` and ``optimizer_step`` (each left out
+        when no curve could be fitted) and ``device`` (the descriptor the records were timed on);
+        ``report`` lists each fit's mean |log error| and timings, and what was left out and why.
+
+    Raises:
+        InputError: records of several devices or of several processes.
+    """
+    from ..cost.curves import fit_kernel_curve, fit_optimizer_rate
+    from ..cost.params import default_params
+    from ..cost.roofline import attention_flops
+    from ..graph.ops import Op
+
+    rows = [r for r in records if r["kind"] in ("matmul", "attention", "optimizer")]
+    devices = {r["device"] for r in rows}
+    if len(devices) > 1:
+        raise InputError(f"fit_device_curves: records of {len(devices)} devices; fit one device at a time")
+    if any(int(r["world_size"]) != 1 for r in rows):
+        raise InputError("fit_device_curves: operator records of one process expected")
+    tile_n = default_params().tile_n
+    groups: dict[tuple[str, str], list] = {}
+    for r in rows:
+        shape, dtype = _shape(r["shape"]), r["dtype"]
+        t = float(r["time_ms"]) * 1e-3
+        if r["kind"] == "matmul" and r["direction"] == "fwd":
+            groups.setdefault(("matmul", dtype), []).append((shape[1:4], float(r["flops"]), t))
+        elif r["kind"] == "attention" and r["direction"] in ("fwd", "bwd"):
+            op = Op("sdpa", "attention", r["direction"], float(r["flops"]), float(r["bytes"]), dtype, shape,
+                    causal=bool(_params(r["params"]).get("causal", False)))
+            groups.setdefault((f"attention_{r['direction']}", dtype), []).append(
+                (shape[2:5], attention_flops(op, tile_n), t))
+        elif r["kind"] == "optimizer" and _params(r["params"]).get("precision", "fp32") == "fp32":
+            name = {"adamw": "adam", "adam": "adam", "sgd": "sgd"}.get(r["op"])
+            if name:
+                groups.setdefault(("optimizer", name), []).append((shape[0], t))
+    kernel_curves: dict[str, dict] = {}
+    optimizer_step: dict[str, dict] = {}
+    report: dict = {"fits": {}, "left_out": {}}
+    for (kernel, key), points in sorted(groups.items()):
+        label = f"{kernel}.{key}"
+        if len(points) < MIN_TIMINGS:
+            report["left_out"][label] = f"{len(points)} timings (at least {MIN_TIMINGS} needed)"
+            continue
+        if kernel == "optimizer":
+            fit = fit_optimizer_rate([p[0] for p in points], [p[1] for p in points])
+            optimizer_step[key] = {"ns_per_param": fit["ns_per_param"], "overhead_us": fit["overhead_us"]}
+        else:
+            fit = fit_kernel_curve([p[0] for p in points], [p[1] for p in points], [p[2] for p in points])
+            kernel_curves.setdefault(kernel, {})[key] = {k: fit[k] for k in ("tflops", "overhead_us", "dim_half")}
+        report["fits"][label] = {"mean_abs_log_error": fit["mean_abs_log_error"], "timings": fit["timings"],
+                                 "curve": dict(optimizer_step[key] if kernel == "optimizer"
+                                               else kernel_curves[kernel][key])}
+    for dtype, curve in kernel_curves.get("attention_bwd", {}).items():
+        fwd = kernel_curves.get("attention_fwd", {}).get(dtype)
+        if fwd is None:  # no forward to take the overhead from: the backward alone would overstate it
+            report["left_out"][f"attention_bwd.{dtype}"] = "no forward curve of the same dtype"
+        else:
+            curve["overhead_us"] = fwd["overhead_us"]
+            report["fits"][f"attention_bwd.{dtype}"]["curve"] = dict(curve)
+            report["fits"][f"attention_bwd.{dtype}"]["overhead_from"] = f"attention_fwd.{dtype}"
+    if "attention_bwd" in kernel_curves:
+        kernel_curves["attention_bwd"] = {d: c for d, c in kernel_curves["attention_bwd"].items()
+                                          if f"attention_bwd.{d}" not in report["left_out"]}
+    curves = {"kernel_curves": {k: v for k, v in kernel_curves.items() if v}, "optimizer_step": optimizer_step,
+              "device": json.loads(devices.pop()) if devices else None}
+    return curves, report
+
+
+def with_curves(descriptor: dict, curves: dict, source: str) -> dict:
+    """``descriptor`` with the fitted ``curves`` (of :func:`fit_device_curves`), rates scaled to it.
+
+    Args:
+        descriptor: a device descriptor (DeviceSpec dict).
+        curves: the fit, with the ``device`` its operators were timed on.
+        source: where the curves came from, stored in ``sources``.
+    """
+    base = curves.get("device") or descriptor
+    out = dict(descriptor)
+    kernel_curves = {}
+    for kernel, per_dtype in curves.get("kernel_curves", {}).items():
+        for dtype, c in per_dtype.items():
+            mine, theirs = descriptor["peak_tflops"].get(dtype), base["peak_tflops"].get(dtype)
+            if not mine or not theirs:
+                continue  # this descriptor has no such math measured: no curve either
+            kernel_curves.setdefault(kernel, {})[dtype] = {**c, "tflops": round(c["tflops"] * mine / theirs, 6),
+                                                           "overhead_us": round(c["overhead_us"], 3),
+                                                           "dim_half": round(c["dim_half"], 3)}
+    scale_bw = base["memory_bandwidth_GBps"] / descriptor["memory_bandwidth_GBps"]
+    optimizer_step = {k: {"ns_per_param": round(v["ns_per_param"] * scale_bw, 6),
+                          "overhead_us": round(v["overhead_us"], 3)}
+                      for k, v in curves.get("optimizer_step", {}).items()}
+    if kernel_curves:
+        out["kernel_curves"] = kernel_curves
+    if optimizer_step:
+        out["optimizer_step"] = optimizer_step
+    if kernel_curves or optimizer_step:
+        same = base.get("name") == descriptor.get("name")
+        out["sources"] = {**descriptor.get("sources", {}), "kernel_curves": source + (
+            "" if same else f"; rates scaled by this descriptor's peak (optimizer: bandwidth) against "
+                            f"{base.get('name')}'s")}
+    return out
+
+
+def attach_curves(directory: str | Path, command: str = "") -> dict:
+    """Amend a data set: fit curves on its single-process operator records and put them into the
+    device descriptor of every step record (``run`` and ``device``; ``run_id`` follows the run).
+
+    The manifest's file checksums are updated and the amendment is listed under ``amendments``
+    (with the fit report); the manifest's quiet-check entries follow the new run ids.
+
+    Returns:
+        The fit report.
+
+    Raises:
+        InputError: no manifest or a changed file, no operator or step records, or no curve fitted.
+    """
+    import pandas as pd
+
+    from .records import (STEP_COLUMNS, canonical_json, now_utc, run_id, sha256_file, verify_manifest,
+                          write_parquet)
+
+    directory = Path(directory)
+    manifest = verify_manifest(directory)
+    op_files = sorted(f for f in directory.glob("ops*.parquet") if not f.stem.endswith("_collectives"))
+    step_files = sorted(directory.glob("steps*.parquet"))
+    if not op_files or not step_files:
+        raise InputError(f"{directory}: needs operator (ops*.parquet) and step (steps*.parquet) records")
+    ops = pd.concat([pd.read_parquet(f) for f in op_files], ignore_index=True)
+    compute = ops[(ops.world_size == 1) & (ops.direction != "comm")]
+    curves, report = fit_device_curves(compute.to_dict("records"))
+    if not curves["kernel_curves"] and not curves["optimizer_step"]:
+        raise InputError(f"{directory}: no curve could be fitted ({report['left_out']})")
+    date = now_utc()
+    # no date here: amending twice gives the same runs (and run ids); the manifest dates the amendment
+    source = (f"fitted by learnedperf.measure.curves.attach_curves on the operator records "
+              f"{', '.join(f.name for f in op_files)} of this data set (manifest.json: amendments)")
+    renamed: dict[str, str] = {}
+    for f in step_files:
+        steps = pd.read_parquet(f)
+        runs, devices, ids = [], [], []
+        for rec in steps.to_dict("records"):
+            run = json.loads(rec["run"])
+            run["hardware"]["device"] = with_curves(run["hardware"]["device"], curves, source)
+            new_id = run_id(run)
+            renamed[rec["run_id"]] = new_id
+            runs.append(canonical_json(run))
+            devices.append(canonical_json(run["hardware"]["device"]))
+            ids.append(new_id)
+        steps["run"], steps["device"], steps["run_id"] = runs, devices, ids
+        write_parquet(steps.to_dict("records"), f, STEP_COLUMNS, "step")
+        manifest["files"][f.name] = {"sha256": sha256_file(f), "rows": int(len(steps))}
+    for c in manifest.get("collections", []):
+        for entry in (c.get("quiet") or {}).get("steps", []):
+            if entry.get("run_id") in renamed:
+                entry["run_id"] = renamed[entry["run_id"]]
+    manifest.setdefault("amendments", []).append(
+        {"date": date, "command": command, "what": "kernel curves and optimizer rates added to the step records' "
+         "device descriptors (learnedperf.measure.curves.attach_curves); run ids follow the runs",
+         "curves": {k: curves[k] for k in ("kernel_curves", "optimizer_step")}, "report": report})
+    (directory / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m learnedperf.measure.curves DATASET_DIR ...``: amend data sets (:func:`attach_curves`)."""
+    import argparse
+    import sys
+
+    from ..errors import LearnedPerfError
+
+    ap = argparse.ArgumentParser(description="Fit kernel curves on a data set's operator records and add them "
+                                             "to its step records' device descriptors.")
+    ap.add_argument("directories", nargs="+", type=Path)
+    args = ap.parse_args(argv)
+    command = "python -m learnedperf.measure.curves " + " ".join(str(d) for d in args.directories)
+    for d in args.directories:
+        try:
+            report = attach_curves(d, command=command)
+        except LearnedPerfError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(f"{d}: curves added to every step record's device descriptor"
+              + (f"; left out: {report['left_out']}" if report["left_out"] else ""))
+        for label, fit in report["fits"].items():
+            c = fit["curve"]
+            what = (f"{c['ns_per_param']:.3g} ns/param" if "ns_per_param" in c else
+                    f"{c['tflops']:.3g} TFLOP/s, d½ {c['dim_half']:.3g}")
+            print(f"  {label:<20} {what}, overhead {c['overhead_us']:.3g} us "
+                  f"(mean |log error| {fit['mean_abs_log_error']:.3f} over {fit['timings']} timings)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
