@@ -72,6 +72,19 @@ def roofline(run: RunSpec, params: CostParams = KNOWN_PARAMS) -> RooflineCost:
     return RooflineCost(run.hardware, params)
 
 
+def serial_ddp_parts(run: RunSpec, cost: RooflineCost) -> tuple[float, float, float]:
+    """Seconds of a single-stage data-parallel run's compute (forward + backward), gradient
+    collectives and optimizer step, each summed from the cost model: the terms of its serial time."""
+    from learnedperf.graph.execution import compile_run, gradient_collectives
+
+    eg = compile_run(run)
+    c = eg.stages[0].chunks[0]
+    compute = sum(cost.compute_time_s(op) * rep for ops, rep in c.forward + c.backward for op in ops)
+    comm = sum(cost.comm_time_s(op) for op in gradient_collectives(eg, c))
+    opt = sum(cost.compute_time_s(op) for op in eg.stages[0].optimizer)
+    return compute, comm, opt
+
+
 @pytest.fixture
 def a100_device() -> dict:
     """A fresh copy of the inline A100-like device descriptor."""

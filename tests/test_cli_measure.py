@@ -111,6 +111,8 @@ def test_measure_quick_end_to_end_with_two_processes(tmp_path, capsys):
     # the 2-process step's run carries the fitted link of 2 processes
     run = json.loads(steps[steps.world_size == 2].iloc[0].run)
     assert run["hardware"]["intra_node_bandwidth_GBps"] == pytest.approx(link["intra_node_bandwidth_GBps"])
+    # and the overlap its benchmark measured (kept beside the link fits)
+    assert run["hardware"]["comm_overlap"] == link["comm_overlap"] == round(fits["overlap"]["overlap"], 4)
     assert "learnedperf measure --quick" in manifest["command"]
 
 

@@ -10,8 +10,8 @@ import math
 
 import pytest
 
-from conftest import FREE_COMM_PARAMS, GPT_SMALL, KNOWN_PARAMS, LLAMA_GQA, make_run, roofline
-from learnedperf.graph.execution import compile_run, gradient_collectives
+from conftest import FREE_COMM_PARAMS, GPT_SMALL, KNOWN_PARAMS, LLAMA_GQA, make_run, roofline, serial_ddp_parts
+from learnedperf.graph.execution import compile_run
 from learnedperf.graph.transformer import operator_graph
 from learnedperf.simulate import simulate
 from learnedperf.simulate.engine import Engine
@@ -87,11 +87,7 @@ def test_gradient_reduction_without_overlap_is_serial():
     # DDP without overlap: backward, then every bucket's all-reduce back to back, then the optimizer
     run = make_run(LLAMA_GQA, num_devices=8, dp=8, overlap_grad_reduce=False)
     cost = roofline(run, KNOWN_PARAMS)
-    eg = compile_run(run)
-    c = eg.stages[0].chunks[0]
-    compute = sum(cost.compute_time_s(op) * rep for ops, rep in c.forward + c.backward for op in ops)
-    comm = sum(cost.comm_time_s(op) for op in gradient_collectives(eg, c))
-    opt = sum(cost.compute_time_s(op) for op in eg.stages[0].optimizer)
+    compute, comm, opt = serial_ddp_parts(run, cost)
     assert comm > 0.1 * compute  # communication matters here
     r = simulate(run, cost=cost)
     assert r.iteration_time_s == pytest.approx(compute + comm + opt, rel=1e-9)

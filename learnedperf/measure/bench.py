@@ -477,6 +477,16 @@ COLLECTIVE_KINDS = {"allreduce": "allreduce", "allgather": "allgather", "reduces
                     "broadcast": "p2p", "alltoall": "alltoall", "sendrecv": "p2p"}
 
 
+def _run_group(worker: Callable, world_size: int, backend: str, extra: tuple, timeout_s: float, what: str) -> dict:
+    """Run ``worker(rank, world_size, store, backend, *extra, timeout_s, queue)`` on ``world_size``
+    spawned ranks that meet through a file store in a fresh temporary directory; their payloads
+    by rank (:func:`_run_workers`)."""
+    with tempfile.TemporaryDirectory(prefix=f"learnedperf-{what}-") as tmp:
+        store = os.path.join(tmp, "store")
+        return _run_workers(worker, lambda rank, _bar: (rank, world_size, store, backend, *extra, timeout_s),
+                            world_size, timeout_s + 30.0, what)
+
+
 def _collective_fn(dist, torch, op: str, nbytes: int, world_size: int, rank: int, device: str):
     """(callable, actual message bytes) of one collective over an fp32 buffer.
 
@@ -652,12 +662,8 @@ def bench_collectives(world_size: int, sizes_bytes: Iterable[int], backend: Opti
     device = "cuda" if backend == "nccl" else "cpu"
     desc_json = canonical_json(descriptor) if descriptor is not None else cached_descriptor_json(device, threads)
     desc_name = json.loads(desc_json).get("name", "unknown")
-    with tempfile.TemporaryDirectory(prefix="learnedperf-dist-") as tmp:
-        store = os.path.join(tmp, "store")
-        results = _run_workers(
-            _collective_worker,
-            lambda rank, _bar: (rank, world_size, store, backend, ops, sizes, warmup, repeats, threads, timeout_s),
-            world_size, timeout_s + 30.0, "bench_collectives")
+    results = _run_group(_collective_worker, world_size, backend, (ops, sizes, warmup, repeats, threads), timeout_s,
+                         "bench_collectives")
     records = []
     host, when = host_name(), now_utc()
     for op in ops:
@@ -768,12 +774,8 @@ def bench_in_stream(world_size: int, sizes_bytes: Iterable[int], backend: Option
     if loops < 1 or target_loop_s <= 0:
         raise InputError(f"loops/target_loop_s: need loops >= 1 and target_loop_s > 0, got {loops}/{target_loop_s}")
     backend = _resolve_backend(backend)
-    with tempfile.TemporaryDirectory(prefix="learnedperf-stream-") as tmp:
-        store = os.path.join(tmp, "store")
-        results = _run_workers(
-            _in_stream_worker,
-            lambda rank, _bar: (rank, world_size, store, backend, sizes, loops, target_loop_s, threads, timeout_s),
-            world_size, timeout_s + 30.0, "bench_in_stream")
+    results = _run_group(_in_stream_worker, world_size, backend, (sizes, loops, target_loop_s, threads), timeout_s,
+                         "bench_in_stream")
     out = []
     for size in sizes:
         nbytes, calls = results[0][size][0], results[0][size][1]
@@ -784,6 +786,108 @@ def bench_in_stream(world_size: int, sizes_bytes: Iterable[int], backend: Option
                     "cost_ms": statistics.median(costs), "loop_costs_ms": [round(c, 6) for c in costs],
                     "compute_ms": statistics.median(comp) / calls * 1e3})
     return out
+
+
+#: message of the overlap benchmark: a gradient bucket's size (bandwidth-bound on every link)
+OVERLAP_BYTES = 16 * MiB
+
+
+def _overlap_worker(rank: int, world_size: int, store_path: str, backend: str, nbytes: int, loops: int,
+                    reps: int, threads: int, timeout_s: float, queue) -> None:
+    """Entry of one overlap benchmark rank: puts ``(rank, "ok", {"comp": [s], "comm": [s], "both": [s],
+    "matmuls": n})``: per loop, after a barrier each, ``reps`` × the compute alone, ``reps`` × the
+    all-reduce alone, and ``reps`` × (the all-reduce started asynchronously, the compute, the wait),
+    each as seconds per repetition."""
+    try:
+        with _process_group(rank, world_size, store_path, backend, threads, timeout_s) as (torch, dist, device, sync):
+            a = torch.randn(128, STREAM_HIDDEN, device=device)
+            w = torch.randn(STREAM_HIDDEN, 2 * STREAM_HIDDEN, device=device)
+            buf = torch.ones(max(1, nbytes // 4), device=device)
+
+            def timed(fn) -> float:
+                dist.barrier()
+                sync()
+                t0 = time.perf_counter()
+                fn()
+                sync()
+                return time.perf_counter() - t0
+
+            def comm() -> None:
+                dist.all_reduce(buf)
+
+            def matmuls(k: int) -> None:
+                for _ in range(k):
+                    a @ w
+
+            timed(comm)  # warm-up
+            matmuls(20)
+            t_comm = torch.tensor([timed(comm)], dtype=torch.float64, device=device)
+            t_mm = torch.tensor([timed(lambda: matmuls(50)) / 50], dtype=torch.float64, device=device)
+            dist.all_reduce(t_comm, op=dist.ReduceOp.MAX)
+            dist.all_reduce(t_mm, op=dist.ReduceOp.MAX)
+            # as much compute as one all-reduce takes (every rank the same count)
+            n = int(min(100000, max(1, float(t_comm.item()) / max(float(t_mm.item()), 1e-7))))
+
+            def compute() -> None:
+                matmuls(n)
+
+            def both() -> None:
+                work = dist.all_reduce(buf, async_op=True)
+                compute()
+                work.wait()
+
+            def repeated(fn):
+                def run() -> None:
+                    for _ in range(reps):
+                        fn()
+                return run
+
+            out = {"comp": [], "comm": [], "both": [], "matmuls": n}
+            for _ in range(loops):
+                out["comp"].append(timed(repeated(compute)) / reps)
+                out["comm"].append(timed(repeated(comm)) / reps)
+                out["both"].append(timed(repeated(both)) / reps)
+            queue.put((rank, "ok", out))
+    except BaseException:  # noqa: BLE001 - reported to the parent, which raises
+        queue.put((rank, "error", traceback.format_exc(limit=5)))
+
+
+def bench_overlap(world_size: int, nbytes: int = OVERLAP_BYTES, backend: Optional[str] = None, loops: int = 7,
+                  reps: int = 5, threads: int = 1, timeout_s: float = 300.0) -> dict:
+    """How much of an all-reduce computation running at the same time hides.
+
+    A step overlaps its gradient all-reduces with the backward pass. On a GPU, NCCL runs on its
+    own engine and the overlap is nearly complete; on a CPU the collective's threads take cores
+    from the computation. Per loop (each part after a barrier, times the slowest rank's): the
+    compute alone (``comp``: small matmuls, as long as one all-reduce), one all-reduce of
+    ``nbytes`` alone (``comm``), and the all-reduce started asynchronously, the compute, then
+    the wait (``both``), each ``reps`` times in a row (a collective's time varies from call to
+    call). The overlap is ``(comp + comm − both) / min(comp, comm)``, 1 when the
+    shorter one hides entirely, 0 when they take as long as one after the other, clipped to
+    [0, 1]; the result is its median over the loops.
+
+    Returns:
+        ``{"world_size", "bytes", "matmuls", "overlap", "loop_overlaps", "comp_ms", "comm_ms", "both_ms"}``
+        (times: medians over the loops).
+
+    Raises:
+        InputError: bad arguments. MeasureError: a process failed or the run timed out.
+    """
+    import statistics
+
+    _check_world_and_sizes(world_size, [nbytes])
+    if loops < 1 or reps < 1:
+        raise InputError(f"loops/reps: need at least 1 each, got {loops}/{reps}")
+    backend = _resolve_backend(backend)
+    results = _run_group(_overlap_worker, world_size, backend, (nbytes, loops, reps, threads), timeout_s,
+                         "bench_overlap")
+    slowest = {k: [max(results[r][k][i] for r in range(world_size)) for i in range(loops)]
+               for k in ("comp", "comm", "both")}
+    overlaps = [min(1.0, max(0.0, (c + m - b) / min(c, m)))
+                for c, m, b in zip(slowest["comp"], slowest["comm"], slowest["both"])]
+    return {"world_size": world_size, "bytes": nbytes, "matmuls": results[0]["matmuls"],
+            "overlap": statistics.median(overlaps), "loop_overlaps": [round(o, 4) for o in overlaps],
+            **{f"{k}_ms": statistics.median(v) * 1e3 for k, v in slowest.items()}}
 
 
 def fit_link_in_stream(points: Iterable[dict], world_size: Optional[int] = None) -> dict:

@@ -8,8 +8,10 @@ One collection, in order:
    (each call after a barrier), and the run's link figures per process count: an α-β fit of
    what one all-reduce adds to a stream of computation
    (:func:`~learnedperf.measure.bench.bench_in_stream`), with each other collective's bus
-   bandwidth relative to the all-reduce's after a barrier (``collective_busbw_ratio``); the
-   manifest keeps both fits (``link_fits``);
+   bandwidth relative to the all-reduce's after a barrier (``collective_busbw_ratio``), and the
+   share of an all-reduce that concurrent computation hides (``comm_overlap``,
+   :func:`~learnedperf.measure.bench.bench_overlap`); the manifest keeps both link fits and the
+   overlap benchmark (``link_fits``);
 3. **ops**: the operator grid of :func:`~learnedperf.measure.ops.op_grid`;
 4. **steps**: the training-step grid of :func:`~learnedperf.measure.steps.step_grid`, each step's
    run carrying the device descriptor and fitted link of its process count; the descriptor also
@@ -77,8 +79,8 @@ def collect(out: str | Path, *, quick: bool = False, parts: Iterable[str] = PART
     Raises:
         InputError: an unknown part or device.
     """
-    from .bench import (bench_collectives, bench_in_stream, describe_device, fit_busbw_ratios, fit_link,
-                        fit_link_in_stream, host_descriptor)
+    from .bench import (bench_collectives, bench_in_stream, bench_overlap, describe_device, fit_busbw_ratios,
+                        fit_link, fit_link_in_stream, host_descriptor)
     from .ops import op_grid, profile_grid
     from .steps import step_grid
 
@@ -144,7 +146,13 @@ def collect(out: str | Path, *, quick: bool = False, parts: Iterable[str] = PART
             ratios = fit_busbw_ratios(recs, barrier_fit, w)
             if ratios:
                 links[w]["collective_busbw_ratio"] = ratios
-            link_fits[w] = {"barrier_median": barrier_fit, "in_stream": stream_fit, "in_stream_points": stream}
+            # how much of a collective concurrent computation hides (gloo on CPU cores: little)
+            log(f"measure: overlap of an all-reduce with computation over {w} processes ...")
+            overlap = bench_overlap(w, nbytes=(4 if quick else 16) * 1048576, loops=3 if quick else 5,
+                                    threads=threads)
+            links[w]["comm_overlap"] = round(overlap["overlap"], 4)
+            link_fits[w] = {"barrier_median": barrier_fit, "in_stream": stream_fit, "in_stream_points": stream,
+                            "overlap": overlap}
             log(f"measure: {w} processes: link {links[w]} (in-stream fit; after a barrier: "
                 f"{barrier_fit['intra_node_latency_us']:.0f} us, {barrier_fit['intra_node_bandwidth_GBps']:.3g} GB/s)")
         files.append(write_parquet(comm_records, out / f"ops_{tag}_collectives.parquet", OP_COLUMNS,

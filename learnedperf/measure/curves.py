@@ -159,48 +159,30 @@ def attach_curves(directory: str | Path, command: str = "") -> dict:
     """
     import pandas as pd
 
-    from .records import (STEP_COLUMNS, canonical_json, now_utc, run_id, sha256_file, verify_manifest,
-                          write_parquet)
+    from .records import amend_steps, verify_manifest
 
     directory = Path(directory)
     manifest = verify_manifest(directory)
     op_files = sorted(f for f in directory.glob("ops*.parquet") if not f.stem.endswith("_collectives"))
-    step_files = sorted(directory.glob("steps*.parquet"))
-    if not op_files or not step_files:
+    if not op_files or not any(directory.glob("steps*.parquet")):
         raise InputError(f"{directory}: needs operator (ops*.parquet) and step (steps*.parquet) records")
     ops = pd.concat([pd.read_parquet(f) for f in op_files], ignore_index=True)
     compute = ops[(ops.world_size == 1) & (ops.direction != "comm")]
     curves, report = fit_device_curves(compute.to_dict("records"))
     if not curves["kernel_curves"] and not curves["optimizer_step"]:
         raise InputError(f"{directory}: no curve could be fitted ({report['left_out']})")
-    date = now_utc()
     # no date here: amending twice gives the same runs (and run ids); the manifest dates the amendment
     source = (f"fitted by learnedperf.measure.curves.attach_curves on the operator records "
               f"{', '.join(f.name for f in op_files)} of this data set (manifest.json: amendments)")
-    renamed: dict[str, str] = {}
-    for f in step_files:
-        steps = pd.read_parquet(f)
-        runs, devices, ids = [], [], []
-        for rec in steps.to_dict("records"):
-            run = json.loads(rec["run"])
-            run["hardware"]["device"] = with_curves(run["hardware"]["device"], curves, source)
-            new_id = run_id(run)
-            renamed[rec["run_id"]] = new_id
-            runs.append(canonical_json(run))
-            devices.append(canonical_json(run["hardware"]["device"]))
-            ids.append(new_id)
-        steps["run"], steps["device"], steps["run_id"] = runs, devices, ids
-        write_parquet(steps.to_dict("records"), f, STEP_COLUMNS, "step")
-        manifest["files"][f.name] = {"sha256": sha256_file(f), "rows": int(len(steps))}
-    for c in manifest.get("collections", []):
-        for entry in (c.get("quiet") or {}).get("steps", []):
-            if entry.get("run_id") in renamed:
-                entry["run_id"] = renamed[entry["run_id"]]
-    manifest.setdefault("amendments", []).append(
-        {"date": date, "command": command, "what": "kernel curves and optimizer rates added to the step records' "
-         "device descriptors (learnedperf.measure.curves.attach_curves); run ids follow the runs",
-         "curves": {k: curves[k] for k in ("kernel_curves", "optimizer_step")}, "report": report})
-    (directory / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+    def transform(run: dict) -> dict:
+        run["hardware"]["device"] = with_curves(run["hardware"]["device"], curves, source)
+        return run
+
+    amend_steps(directory, transform, manifest=manifest, command=command,
+                what="kernel curves and optimizer rates added to the step records' device descriptors "
+                     "(learnedperf.measure.curves.attach_curves); run ids follow the runs",
+                details={"curves": {k: curves[k] for k in ("kernel_curves", "optimizer_step")}, "report": report})
     return report
 
 

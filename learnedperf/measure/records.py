@@ -218,3 +218,48 @@ def verify_files(directory: str | Path, files: dict, listed_in: str, what: str =
             raise InputError(f"{f}: {what} listed in {listed_in} is missing")
         if sha256_file(f) != info.get("sha256"):
             raise InputError(f"{f}: sha256 differs from {listed_in} ({what} changed or corrupted)")
+
+
+def amend_steps(directory: str | Path, transform, *, command: str, what: str, details: dict | None = None,
+                manifest: dict | None = None) -> int:
+    """Rewrite every step record's run of a data set with ``transform(run) -> run``.
+
+    The ``device`` column and the ``run_id`` follow the new run; the manifest's file checksums,
+    its quiet-check entries (by run id) and its ``amendments`` list (date, command, what, and
+    ``details``) are updated. ``manifest`` is the already verified manifest (verified here if None).
+
+    Returns:
+        The number of runs that changed.
+
+    Raises:
+        InputError: a missing manifest or a file whose checksum differs (before anything is written).
+    """
+    import pandas as pd
+
+    directory = Path(directory)
+    manifest = verify_manifest(directory) if manifest is None else manifest
+    renamed: dict[str, str] = {}
+    changed = 0
+    for f in sorted(directory.glob("steps*.parquet")):
+        steps = pd.read_parquet(f)
+        runs, devices, ids = [], [], []
+        for rec in steps.to_dict("records"):
+            run = transform(json.loads(rec["run"]))
+            new_id = run_id(run)
+            changed += new_id != rec["run_id"]
+            renamed[rec["run_id"]] = new_id
+            runs.append(canonical_json(run))
+            devices.append(canonical_json(run["hardware"]["device"]))
+            ids.append(new_id)
+        steps["run"], steps["device"], steps["run_id"] = runs, devices, ids
+        write_parquet(steps.to_dict("records"), f, STEP_COLUMNS, "step")
+        manifest["files"][f.name] = {"sha256": sha256_file(f), "rows": int(len(steps))}
+    for c in manifest.get("collections", []):
+        for entry in (c.get("quiet") or {}).get("steps", []):
+            if entry.get("run_id") in renamed:
+                entry["run_id"] = renamed[entry["run_id"]]
+    manifest.setdefault("amendments", []).append({"date": now_utc(), "command": command, "what": what,
+                                                   **(details or {})})
+    (directory / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return changed
+

@@ -179,6 +179,7 @@ class _Builder:
         self.compute_streams = [e.add_stream(f"stage{st}.compute") for st in range(pp)]
         dp_streams = [e.add_stream(f"stage{st}.dp") for st in range(pp)]
         p2p_streams = [e.add_stream(f"stage{st}.p2p") for st in range(pp)] if s.overlap_p2p else self.compute_streams
+        self.comm_streams = [[dp_streams[st]] + ([p2p_streams[st]] if s.overlap_p2p else []) for st in range(pp)]
 
         # per chunk: forward and backward unit costs
         fcost: dict[int, tuple] = {}
@@ -389,7 +390,43 @@ def _analyse(b: _Builder) -> tuple[float, dict[str, float]]:
     # anything after the critical stage's last task (other stages still finishing) is bubble
     bd["pipeline_bubble"] += max(0.0, total - prev_end)
     bd["compute"] = bd["forward"] + bd["backward"] + bd["recompute"]
+    overlap = b.eg.run.hardware.comm_overlap
+    if overlap is not None and overlap < 1.0:
+        # collectives that computation only partly hides (gloo on the cores the kernels use): the
+        # unhidden share of the time they ran beside the critical stage's compute is paid on top
+        hidden = _overlap_s([(e.start[i], e.end[i]) for sid in b.comm_streams[best_stage] for i in e.stream_tasks[sid]],
+                            [(e.start[i], e.end[i]) for i in tasks])
+        extra = (1.0 - overlap) * hidden
+        total += extra
+        bd["exposed_communication"] += extra
     return total, bd
+
+
+def _overlap_s(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """Length of the time covered both by the union of intervals ``a`` and by the union of ``b``."""
+    def union(iv: list[tuple[float, float]]) -> list[tuple[float, float]]:
+        out: list[list[float]] = []
+        for lo, hi in sorted(iv):
+            if hi <= lo:
+                continue
+            if out and lo <= out[-1][1]:
+                out[-1][1] = max(out[-1][1], hi)
+            else:
+                out.append([lo, hi])
+        return [(lo, hi) for lo, hi in out]
+
+    ua, ub = union(a), union(b)
+    i = j = 0
+    total = 0.0
+    while i < len(ua) and j < len(ub):
+        lo, hi = max(ua[i][0], ub[j][0]), min(ua[i][1], ub[j][1])
+        if hi > lo:
+            total += hi - lo
+        if ua[i][1] < ub[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
 
 
 def _simulate_once(run: RunSpec, cost: CostModel, m: int):

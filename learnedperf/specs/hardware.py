@@ -150,6 +150,13 @@ class HardwareSpec(Spec):
         default=None, description="bus bandwidth of a collective / bus bandwidth of all-reduce on the same "
         "links, measured (nccl-tests busbw ratio at large messages); kinds left out: 1")
 
+    # NCCL runs its collectives on the GPU's own copy and SM resources beside the kernels; gloo on a
+    # CPU runs them on the cores the computation uses, and this project's 2-core CPU hides none of an
+    # all-reduce behind concurrent matmuls (measure.bench.bench_overlap). A measured share says so.
+    comm_overlap: Optional[float] = Field(
+        default=None, ge=0.0, le=1.0, description="share of a collective's time that computation running at "
+        "the same time hides, measured (bench_overlap: 1 = fully hidden, 0 = none); left out: 1")
+
     @model_validator(mode="after")
     def _check(self) -> "HardwareSpec":
         if self.num_devices > self.devices_per_node and self.num_devices % self.devices_per_node:
@@ -197,7 +204,8 @@ def resolve_hardware(value: Any, prefix: str = "hardware") -> HardwareSpec:
         return value
     if not isinstance(value, dict):
         raise SpecError(prefix, f"expected a JSON object, got {type(value).__name__}")
-    allowed = {"device", "cluster", "num_devices", "devices_per_node", "collective_busbw_ratio", *_LINK_FIELDS}
+    allowed = {"device", "cluster", "num_devices", "devices_per_node", "collective_busbw_ratio", "comm_overlap",
+               *_LINK_FIELDS}
     for key in value:
         if key not in allowed:
             raise SpecError(f"{prefix}.{key if str(key).isprintable() else repr(key)}", "unknown field")
@@ -228,6 +236,7 @@ def resolve_hardware(value: Any, prefix: str = "hardware") -> HardwareSpec:
         # precedence: the run's own value, then the cluster's, then the device's catalog entry
         resolved[f] = value.get(f, base.get(f, getattr(device, f)))
     resolved["collective_busbw_ratio"] = value.get("collective_busbw_ratio", base.get("collective_busbw_ratio"))
+    resolved["comm_overlap"] = value.get("comm_overlap", base.get("comm_overlap"))
     data = {k: v for k, v in resolved.items() if v is not None}
     data["device"] = device
     try:
