@@ -148,8 +148,7 @@ def collect(out: str | Path, *, quick: bool = False, parts: Iterable[str] = PART
                 links[w]["collective_busbw_ratio"] = ratios
             # how much of a collective concurrent computation hides (gloo on CPU cores: little)
             log(f"measure: overlap of an all-reduce with computation over {w} processes ...")
-            overlap = bench_overlap(w, nbytes=(4 if quick else 16) * 1048576, loops=3 if quick else 5,
-                                    threads=threads)
+            overlap = bench_overlap(w, nbytes=(4 if quick else 16) << 20, loops=3 if quick else 7, threads=threads)
             links[w]["comm_overlap"] = round(overlap["overlap"], 4)
             link_fits[w] = {"barrier_median": barrier_fit, "in_stream": stream_fit, "in_stream_points": stream,
                             "overlap": overlap}

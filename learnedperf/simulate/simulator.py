@@ -5,7 +5,9 @@ streams — ``compute`` (kernels, blocking tensor/context/expert-parallel
 collectives and, unless overlapped, pipeline sends), ``dp`` (gradient
 reduction, ZeRO/FSDP gathers) and ``p2p`` (overlapped pipeline sends) — over
 two links per rank (``intra``: inside the node; ``inter``: its network share)
-whose bandwidth concurrent transfers share.
+whose bandwidth concurrent transfers share. Where the hardware says computation hides only a
+share of a collective (``comm_overlap``, measured), the rest of the time the critical stage's
+collectives ran beside its computation is added to the iteration.
 
 Long steady states are extrapolated exactly: the iteration time of a pipeline
 of identical micro-batches is, after the warm-up, linear in their number, so
