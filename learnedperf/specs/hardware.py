@@ -151,8 +151,8 @@ class HardwareSpec(Spec):
         "links, measured (nccl-tests busbw ratio at large messages); kinds left out: 1")
 
     # NCCL runs its collectives on the GPU's own copy and SM resources beside the kernels; gloo on a
-    # CPU runs them on the cores the computation uses, and this project's 2-core CPU hides none of an
-    # all-reduce behind concurrent matmuls (measure.bench.bench_overlap). A measured share says so.
+    # CPU runs them on the cores the computation uses, and this project's 2-core CPU hides 0-0.35 of
+    # an all-reduce behind concurrent matmuls (measure.bench.bench_overlap). A measured share says so.
     comm_overlap: Optional[float] = Field(
         default=None, ge=0.0, le=1.0, description="share of a collective's time that computation running at "
         "the same time hides, measured (bench_overlap: 1 = fully hidden, 0 = none); left out: 1")
