@@ -22,7 +22,6 @@ Usage: ``python experiments/amend_records.py {autocast,busbw} DATASET_DIR ...``
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Callable
@@ -31,39 +30,20 @@ from typing import Callable
 def amend_steps(directory: Path, change: Callable[[dict], bool], command: str, what: str,
                 manifest: dict | None = None) -> int:
     """Apply ``change`` (edits a run dict in place, returns whether it changed it) to the run of every
-    step record of ``directory``; rewrite the changed files and the manifest (``manifest``: an
-    already edited manifest to write, default the verified one on disk). Returns the rows changed."""
-    import pandas as pd
+    step record of ``directory`` through :func:`learnedperf.measure.records.amend_steps`, which rewrites
+    the changed files and the manifest (``manifest``: an already edited manifest to write, default the
+    verified one on disk); an amendment that changes nothing writes nothing. Returns the rows changed."""
+    from learnedperf.measure.records import amend_steps as amend, verify_manifest
 
-    from learnedperf.measure.records import (STEP_COLUMNS, canonical_json, now_utc, run_id, sha256_file,
-                                            verify_manifest, write_parquet)
+    def transform(run: dict) -> dict:
+        change(run)
+        return run
 
-    on_disk = verify_manifest(directory)
-    manifest = on_disk if manifest is None else manifest
-    changed = 0
-    for path in sorted(directory.glob("steps*.parquet")):
-        frame = pd.read_parquet(path)
-        runs, ids, n = [], [], 0
-        for text, rid in zip(frame["run"], frame["run_id"]):
-            run = json.loads(text)
-            if change(run):
-                text, rid, n = canonical_json(run), run_id(run), n + 1
-            runs.append(text)
-            ids.append(rid)
-        if not n:
-            continue
-        frame["run"], frame["run_id"] = runs, ids
-        write_parquet(frame.to_dict("records"), path, STEP_COLUMNS, "step")
-        manifest["files"][path.name] = {"rows": int(len(frame)), "sha256": sha256_file(path)}
-        manifest.setdefault("amendments", []).append({"date": now_utc(), "file": path.name, "rows_changed": n,
-                                                      "command": command, "what": what})
-        changed += n
-        print(f"{path}: {n} step records amended")
-    if changed:
-        (directory / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n",
-                                                 encoding="utf-8")
+    n = amend(directory, transform, command=command, what=what, manifest=manifest, record_unchanged=False)
+    if n:
         verify_manifest(directory)
-    return changed
+    print(f"{directory}: {n} step records amended")
+    return n
 
 
 def mark_autocast(run: dict) -> bool:

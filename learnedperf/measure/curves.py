@@ -93,18 +93,17 @@ def fit_device_curves(records: list[dict]) -> tuple[dict, dict]:
         report["fits"][label] = {"mean_abs_log_error": fit["mean_abs_log_error"], "timings": fit["timings"],
                                  "curve": dict(optimizer_step[key] if kernel == "optimizer"
                                                else kernel_curves[kernel][key])}
-    for dtype, curve in kernel_curves.get("attention_bwd", {}).items():
+    kept = {}
+    for dtype, curve in kernel_curves.pop("attention_bwd", {}).items():
         fwd = kernel_curves.get("attention_fwd", {}).get(dtype)
         if fwd is None:  # no forward to take the overhead from: the backward alone would overstate it
             report["left_out"][f"attention_bwd.{dtype}"] = "no forward curve of the same dtype"
-        else:
-            curve["overhead_us"] = fwd["overhead_us"]
-            report["fits"][f"attention_bwd.{dtype}"]["curve"] = dict(curve)
-            report["fits"][f"attention_bwd.{dtype}"]["overhead_from"] = f"attention_fwd.{dtype}"
-    if "attention_bwd" in kernel_curves:
-        kernel_curves["attention_bwd"] = {d: c for d, c in kernel_curves["attention_bwd"].items()
-                                          if f"attention_bwd.{d}" not in report["left_out"]}
-    curves = {"kernel_curves": {k: v for k, v in kernel_curves.items() if v}, "optimizer_step": optimizer_step,
+            continue
+        kept[dtype] = {**curve, "overhead_us": fwd["overhead_us"]}
+        report["fits"][f"attention_bwd.{dtype}"].update(curve=dict(kept[dtype]), overhead_from=f"attention_fwd.{dtype}")
+    if kept:
+        kernel_curves["attention_bwd"] = kept
+    curves = {"kernel_curves": kernel_curves, "optimizer_step": optimizer_step,
               "device": json.loads(devices.pop()) if devices else None}
     return curves, report
 
@@ -125,7 +124,7 @@ def with_curves(descriptor: dict, curves: dict, source: str) -> dict:
             mine, theirs = descriptor["peak_tflops"].get(dtype), base["peak_tflops"].get(dtype)
             if not mine or not theirs:
                 continue  # this descriptor has no such math measured: no curve either
-            kernel_curves.setdefault(kernel, {})[dtype] = {**c, "tflops": round(c["tflops"] * mine / theirs, 6),
+            kernel_curves.setdefault(kernel, {})[dtype] = {"tflops": round(c["tflops"] * mine / theirs, 6),
                                                            "overhead_us": round(c["overhead_us"], 3),
                                                            "dim_half": round(c["dim_half"], 3)}
     scale_bw = base["memory_bandwidth_GBps"] / descriptor["memory_bandwidth_GBps"]

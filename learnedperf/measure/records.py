@@ -221,12 +221,15 @@ def verify_files(directory: str | Path, files: dict, listed_in: str, what: str =
 
 
 def amend_steps(directory: str | Path, transform, *, command: str, what: str, details: dict | None = None,
-                manifest: dict | None = None) -> int:
+                manifest: dict | None = None, record_unchanged: bool = True) -> int:
     """Rewrite every step record's run of a data set with ``transform(run) -> run``.
 
-    The ``device`` column and the ``run_id`` follow the new run; the manifest's file checksums,
-    its quiet-check entries (by run id) and its ``amendments`` list (date, command, what, and
-    ``details``) are updated. ``manifest`` is the already verified manifest (verified here if None).
+    The ``device`` column and the ``run_id`` follow the new run; measured values stay as they are.
+    Files with a changed run are rewritten; the manifest's file checksums, its quiet-check entries
+    (by run id) and its ``amendments`` list (date, command, what, rows changed, and ``details``)
+    are updated. ``manifest`` is the already verified (and possibly edited) manifest to write,
+    verified here if None. With ``record_unchanged`` false, an amendment that changes no run
+    writes nothing at all (running it again changes nothing).
 
     Returns:
         The number of runs that changed.
@@ -246,20 +249,25 @@ def amend_steps(directory: str | Path, transform, *, command: str, what: str, de
         for rec in steps.to_dict("records"):
             run = transform(json.loads(rec["run"]))
             new_id = run_id(run)
-            changed += new_id != rec["run_id"]
-            renamed[rec["run_id"]] = new_id
+            if new_id != rec["run_id"]:
+                renamed[rec["run_id"]] = new_id
             runs.append(canonical_json(run))
             devices.append(canonical_json(run["hardware"]["device"]))
             ids.append(new_id)
+        n = sum(a != b for a, b in zip(ids, steps["run_id"]))
+        if not n:
+            continue
+        changed += n
         steps["run"], steps["device"], steps["run_id"] = runs, devices, ids
         write_parquet(steps.to_dict("records"), f, STEP_COLUMNS, "step")
         manifest["files"][f.name] = {"sha256": sha256_file(f), "rows": int(len(steps))}
+    if not changed and not record_unchanged:
+        return 0
     for c in manifest.get("collections", []):
         for entry in (c.get("quiet") or {}).get("steps", []):
             if entry.get("run_id") in renamed:
                 entry["run_id"] = renamed[entry["run_id"]]
     manifest.setdefault("amendments", []).append({"date": now_utc(), "command": command, "what": what,
-                                                   **(details or {})})
+                                                   "rows_changed": changed, **(details or {})})
     (directory / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return changed
-

@@ -18,8 +18,14 @@ def _loc_to_field(prefix: str, loc: tuple) -> str:
         if isinstance(item, int):
             parts[-1:] = [f"{parts[-1]}[{item}]"] if parts else [f"[{item}]"]
         else:
-            parts.append(str(item) if str(item).isprintable() else repr(str(item)))
+            parts.append(key_text(item))
     return ".".join(parts)
+
+
+def key_text(key: object) -> str:
+    """A user's key as it may appear in a one-line message (control characters escaped)."""
+    text = str(key)
+    return text if text.isprintable() else repr(text)
 
 
 class FieldValueError(ValueError):

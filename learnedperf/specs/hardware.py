@@ -13,7 +13,7 @@ from typing import Any, Optional
 from pydantic import Field, model_validator
 
 from ..errors import SpecError
-from ._base import FieldValueError, Spec
+from ._base import FieldValueError, Spec, key_text
 
 
 class PeakTflops(Spec):
@@ -94,15 +94,15 @@ class DeviceSpec(Spec):
     def _check_curves(self) -> "DeviceSpec":
         for kernel, per_dtype in (self.kernel_curves or {}).items():
             if kernel not in CURVE_KERNELS:
-                raise FieldValueError(f"kernel_curves.{kernel if str(kernel).isprintable() else repr(kernel)}",
+                raise FieldValueError(f"kernel_curves.{key_text(kernel)}",
                                       f"unknown kernel (known: {', '.join(CURVE_KERNELS)})")
             for dtype in per_dtype:
                 if dtype not in _CURVE_DTYPES:
-                    raise FieldValueError(f"kernel_curves.{kernel}.{dtype if str(dtype).isprintable() else repr(dtype)}",
+                    raise FieldValueError(f"kernel_curves.{kernel}.{key_text(dtype)}",
                                           f"unknown dtype (known: {', '.join(_CURVE_DTYPES)})")
         for opt in self.optimizer_step or {}:
             if opt not in CURVE_OPTIMIZERS:
-                raise FieldValueError(f"optimizer_step.{opt if str(opt).isprintable() else repr(opt)}",
+                raise FieldValueError(f"optimizer_step.{key_text(opt)}",
                                       f"unknown optimizer (known: {', '.join(CURVE_OPTIMIZERS)})")
         return self
 
@@ -164,7 +164,7 @@ class HardwareSpec(Spec):
                              f"devices_per_node={self.devices_per_node}")
         for kind, ratio in (self.collective_busbw_ratio or {}).items():
             if kind not in BUSBW_RATIO_KINDS:
-                raise FieldValueError(f"collective_busbw_ratio.{kind if str(kind).isprintable() else repr(kind)}",
+                raise FieldValueError(f"collective_busbw_ratio.{key_text(kind)}",
                                       f"unknown collective (known: {', '.join(BUSBW_RATIO_KINDS)})")
             # (0, 10]: a ratio of 0 would make the collective endless; 10x all-reduce's bus bandwidth is
             # beyond any link (all-reduce already runs at the link's rate)
@@ -208,7 +208,7 @@ def resolve_hardware(value: Any, prefix: str = "hardware") -> HardwareSpec:
                *_LINK_FIELDS}
     for key in value:
         if key not in allowed:
-            raise SpecError(f"{prefix}.{key if str(key).isprintable() else repr(key)}", "unknown field")
+            raise SpecError(f"{prefix}.{key_text(key)}", "unknown field")
     cluster_name = value.get("cluster")
     base: dict[str, Any] = {}
     if cluster_name is not None:

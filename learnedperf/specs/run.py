@@ -8,7 +8,7 @@ from typing import Any, Optional
 from pydantic import Field
 
 from ..errors import SpecError
-from ._base import Spec
+from ._base import Spec, key_text
 from .hardware import HardwareSpec, resolve_hardware
 from .model import ModelSpec, resolve_model
 from .strategy import Strategy
@@ -44,7 +44,7 @@ class RunSpec(Spec):
             raise SpecError("", f"a run must be a JSON object, got {type(data).__name__}")
         for key in data:
             if key not in _TOP_LEVEL:
-                raise SpecError(_key(key), "unknown field (a run has model, hardware, strategy, id, meta)")
+                raise SpecError(key_text(key), "unknown field (a run has model, hardware, strategy, id, meta)")
         for key in ("model", "hardware"):
             if key not in data:
                 raise SpecError(key, "required field is missing")
@@ -137,12 +137,6 @@ class SpecCache:
     def hardware(self, value: Any) -> HardwareSpec:
         """``resolve_hardware(value)``, once per distinct value."""
         return self._get(self._hardware, value, resolve_hardware)
-
-
-def _key(key: object) -> str:
-    """A user's key as it may appear in a one-line message (control characters escaped)."""
-    text = str(key)
-    return text if text.isprintable() else repr(text)
 
 
 def _complete_strategy(model: ModelSpec, hw: HardwareSpec, s: Strategy) -> Strategy:
