@@ -16,8 +16,12 @@ Running one again changes nothing.
   collective records (:func:`learnedperf.measure.bench.fit_busbw_ratios`, as ``learnedperf
   measure`` now does), stores it next to the links in the manifest and adds it to the hardware
   of every multi-process step of that collection.
+* ``fsdp`` — ``learnedperf measure`` runs ZeRO-2 as FSDP2 ``fully_shard(reshard_after_forward=False)``
+  (per-layer gathers and reduce-scatters); records written before ``strategy.fsdp`` could say
+  SHARD_GRAD_OP describe them as ``zero_stage: 2`` alone, which the simulator reads as DeepSpeed's
+  bucketed ZeRO-2. Sets ``fsdp: true`` on those steps and their ``strategy_kind`` to ``'fsdp'``.
 
-Usage: ``python experiments/amend_records.py {autocast,busbw} DATASET_DIR ...``
+Usage: ``python experiments/amend_records.py {autocast,busbw,fsdp} DATASET_DIR ...``
 """
 
 from __future__ import annotations
@@ -28,18 +32,20 @@ from typing import Callable
 
 
 def amend_steps(directory: Path, change: Callable[[dict], bool], command: str, what: str,
-                manifest: dict | None = None) -> int:
+                manifest: dict | None = None, kind: Callable[[dict, str], str] | None = None) -> int:
     """Apply ``change`` (edits a run dict in place, returns whether it changed it) to the run of every
     step record of ``directory`` through :func:`learnedperf.measure.records.amend_steps`, which rewrites
     the changed files and the manifest (``manifest``: an already edited manifest to write, default the
-    verified one on disk); an amendment that changes nothing writes nothing. Returns the rows changed."""
+    verified one on disk; ``kind``: the new ``strategy_kind`` of a run and its old one); an amendment that
+    changes nothing writes nothing. Returns the rows changed."""
     from learnedperf.measure.records import amend_steps as amend, verify_manifest
 
     def transform(run: dict) -> dict:
         change(run)
         return run
 
-    n = amend(directory, transform, command=command, what=what, manifest=manifest, record_unchanged=False)
+    n = amend(directory, transform, command=command, what=what, manifest=manifest, record_unchanged=False,
+              kind=kind)
     if n:
         verify_manifest(directory)
     print(f"{directory}: {n} step records amended")
@@ -98,7 +104,24 @@ def amend_busbw(directory: Path, command: str) -> int:
                        "links), and recomputed run_id; measured values unchanged", manifest)
 
 
-AMENDMENTS = {"autocast": amend_autocast, "busbw": amend_busbw}
+def mark_fsdp(run: dict) -> bool:
+    """Add ``fsdp: true`` to a ZeRO-2 step that does not say it ran on FSDP."""
+    s = run.get("strategy", {})
+    if s.get("zero_stage") == 2 and not s.get("fsdp"):
+        s["fsdp"] = True
+        return True
+    return False
+
+
+def amend_fsdp(directory: Path, command: str) -> int:
+    """The ``fsdp`` amendment of ``directory`` (see the module docstring)."""
+    return amend_steps(directory, mark_fsdp, command,
+                       "ZeRO-2 steps ran on FSDP2 (SHARD_GRAD_OP): added strategy.fsdp = true to their run, "
+                       "set strategy_kind to 'fsdp' and recomputed run_id; measured values unchanged",
+                       kind=lambda run, old: "fsdp" if run["strategy"].get("fsdp") else old)
+
+
+AMENDMENTS = {"autocast": amend_autocast, "busbw": amend_busbw, "fsdp": amend_fsdp}
 
 
 def main(argv: list[str]) -> int:

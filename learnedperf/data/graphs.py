@@ -225,14 +225,17 @@ def build_graph(eg: Any, cost: Any) -> GraphBuilder:
                     last = i0 + k - 1
                 table_last[(gi, ci)] = last
             g.edge(f_last[(gi, ci)], b_first[(gi, ci)], _CTRL)
-            if zero >= 3 and eg.dp_group.size > 1:
-                for phase, target in (("fwd", f_first), ("bwd", b_first)):
-                    op = comm(f"chunk.fsdp_allgather.{phase}", "allgather", phase, chunk.params * pbytes,
+            if s.per_layer_sharding and eg.dp_group.size > 1:
+                # one gather (forward; again for backward when fully sharded) and one reduce-scatter per layer
+                layers = max(1, chunk.num_layers)
+                phases = (("fwd", f_first), ("bwd", b_first)) if zero >= 3 else (("fwd", f_first),)
+                for phase, target in phases:
+                    op = comm(f"chunk.fsdp_allgather.{phase}", "allgather", phase, chunk.params / layers * pbytes,
                               eg.dp_group, s.precision)
-                    g.edge(g.node(feat(op), 1, m, first, count, ci), target[(gi, ci)], _CTRL)
-                op = comm("chunk.fsdp_reducescatter", "reducescatter", "bwd", chunk.params * gbytes, eg.dp_group,
-                          s.reduce_precision)
-                rs = g.node(feat(op), 1, m, first, count, ci)
+                    g.edge(g.node(feat(op), layers, m, first, count, ci), target[(gi, ci)], _CTRL)
+                op = comm("chunk.fsdp_reducescatter", "reducescatter", "bwd", chunk.params / layers * gbytes,
+                          eg.dp_group, s.reduce_precision)
+                rs = g.node(feat(op), layers, m, first, count, ci)
                 g.edge(b_last[(gi, ci)], rs, _GRAD)
                 grad_nodes.append(rs)
             else:

@@ -293,6 +293,8 @@ def _draw_strategy(rng: random.Random, spec_model: Any, device: dict, num_device
     sharded_ok = pp <= _MAX_PP_ZERO3
     if rng.random() < 0.1 and sharded_ok:
         s["fsdp"] = True
+        if rng.random() < 0.3:
+            s["zero_stage"] = 2  # FSDP's SHARD_GRAD_OP (FSDP2: reshard_after_forward=False)
     else:
         zero = _weighted(rng, {0: 0.4, 1: 0.25, 2: 0.17, 3: 0.18})
         if zero == 3 and not sharded_ok:

@@ -10,7 +10,7 @@ every version, and a split can be recomputed from the Parquet alone with
 ``unseen_device``         test: device types H200-SXM-141GB, MI300X, L40S (and synthetic devices derived
                           from them)
 ``unseen_strategy``       test: interleaved pipeline schedules (virtual stages)
-``unseen_sharding``       test: fully sharded states (ZeRO-3 or FSDP)
+``unseen_sharding``       test: fully sharded states (ZeRO-3 or FSDP FULL_SHARD)
 ``unseen_scale``          test: more than 2,048 devices — every test run has more devices than any
                           training run
 ``random``                test: 10 % of configurations by hash of ``config_id`` (in-distribution baseline)
@@ -61,7 +61,8 @@ SPLITS: dict[str, Split] = {s.name: s for s in (
                              "/ no pipeline",
           {"column": "pipeline_schedule", "op": "==", "value": "interleaved"}, ("pipeline_schedule", "pp"),
           lambda df: (df["pipeline_schedule"] == "interleaved") & (df["pp"] > 1)),
-    Split("unseen_sharding", "test = fully sharded states (ZeRO stage 3 or FSDP); train = ZeRO 0-2",
+    Split("unseen_sharding", "test = fully sharded states (ZeRO stage 3 or FSDP FULL_SHARD); "
+                             "train = ZeRO 0-2 and FSDP SHARD_GRAD_OP",
           {"column": "effective_zero_stage", "op": "==", "value": 3}, ("effective_zero_stage",),
           lambda df: df["effective_zero_stage"] == 3),
     Split("unseen_scale", f"test = num_devices > {SCALE_THRESHOLD}: every test run has more devices than any "

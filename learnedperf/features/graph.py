@@ -34,7 +34,7 @@ from ..data.graphs import DTYPES, EDGE_TYPES, KINDS, NODE_FEATURES, PHASES, SHAP
 from ..errors import InputError
 from .ops import FeatureSchema
 
-GRAPH_FEATURE_SCHEMA_VERSION = 2
+GRAPH_FEATURE_SCHEMA_VERSION = 3
 """Version of the node, edge and global feature schemas together; bumped on any change of names,
 order or meaning (checkpoints refuse to load under another version)."""
 
@@ -89,7 +89,9 @@ def _global_features() -> tuple[tuple[str, str], ...]:
           (("tp", "tensor"), ("pp", "pipeline"), ("dp", "data"), ("cp", "context"), ("ep", "expert"))]
     f += [("log_num_nodes", "log(nodes / NVLink domains the devices occupy)"),
           ("log_node_size", "log(devices per node actually used)")]
-    f += [(f"zero_stage={z}", f"1 if the effective ZeRO stage is {z} (FSDP counts as 3)") for z in _ZERO_STAGES]
+    f += [(f"zero_stage={z}", f"1 if the effective ZeRO stage is {z} (FSDP: 3, or 2 for SHARD_GRAD_OP)")
+          for z in _ZERO_STAGES]
+    f += [("fsdp", "1 with PyTorch FSDP (per-layer gathers through copy-in/copy-out buffers)")]
     f += [(f"recompute={r}", f"1 if activation recomputation is {r!r}") for r in _RECOMPUTE]
     f += [("sequence_parallel", "1 with Megatron sequence parallelism")]
     f += [(f"schedule={s}", f"1 if the pipeline schedule is {s!r}") for s in _SCHEDULES]
@@ -395,6 +397,7 @@ def global_feature_vector(spec: Any, sim_time_ms: float, breakdown_ms: Mapping[s
         cols[f"{level}_node_bw_unknown"] = float(not bw)
     for z in _ZERO_STAGES:
         cols[f"zero_stage={z}"] = float(s.effective_zero_stage == z)
+    cols["fsdp"] = float(s.fsdp)
     for r in _RECOMPUTE:
         cols[f"recompute={r}"] = float(s.recompute == r)
     for sch in _SCHEDULES:

@@ -18,11 +18,17 @@ from dataclasses import dataclass, field
 
 from ..specs import RunSpec
 from ..units import MiB, dtype_bytes
-from .ops import Group, Op, comm
+from .ops import Group, Op, comm, elementwise
 from .transformer import (Shard, backward_of, embedding_forward, head_forward, layer_forward, optimizer_ops,
                           shard_for)
 
 Block = tuple[list[Op], int]  # ops and how many times they repeat (identical layers)
+
+#: Most units the model's layers are laid out in, over all its chunks, when parameters are gathered layer by
+#: layer: deeper models group consecutive layers of a chunk into one unit (its gather and reduce-scatter carry
+#: every grouped layer's bytes and per-collective latency), which bounds the events of a 100-layer FSDP model
+#: without changing the traffic; only the prefetch granularity coarsens (the exposed first gather is one unit).
+MAX_SHARDED_UNITS = 4
 
 
 @dataclass
@@ -37,6 +43,7 @@ class Chunk:
     dense_params: float  # of which reduced over dp·cp
     expert_params: float  # of which reduced over the expert-data-parallel group
     layer_params: float  # parameters of one layer (for FSDP gathers)
+    root_params: float = 0.0  # of ``params``, those outside the layers (embedding, final norm, LM head)
 
 
 @dataclass
@@ -166,6 +173,7 @@ class ChunkLayout:
     dense_params: float  # after tensor sharding, before ZeRO; reduced over dp·cp
     expert_params: float  # reduced over the expert-data-parallel group
     layer_params: float  # parameters of one dense layer on this rank (FSDP gathers)
+    root_params: float = 0.0  # of dense_params, those outside the layers (embedding, final norm, LM head)
 
 
 def state_bytes_per_param(s) -> tuple[int, int]:
@@ -197,15 +205,16 @@ def chunk_layout(run: RunSpec) -> list[ChunkLayout]:
                  if model.is_moe else 0)
         first += n_layers
         n_dense = n_layers - n_moe
-        dense_p = n_dense * dense_layer_params + n_moe * moe_attn_params
+        root = 0.0
         if vs == 0:
-            dense_p += model.embedding_params() / tp
+            root += model.embedding_params() / tp
         if vs == n_v - 1:
             if not model.tie_embeddings or n_v > 1:
-                dense_p += V * h / tp  # untied head, or the last stage's own copy of a tied embedding
-            dense_p += (2 if model.norm == "layernorm" else 1) * h  # final norm (weight, bias)
+                root += V * h / tp  # untied head, or the last stage's own copy of a tied embedding
+            root += (2 if model.norm == "layernorm" else 1) * h  # final norm (weight, bias)
+        dense_p = n_dense * dense_layer_params + n_moe * moe_attn_params + root
         out.append(ChunkLayout(vs, n_layers, n_dense, n_moe, dense_p, n_moe * expert_layer_params,
-                               dense_layer_params))
+                               dense_layer_params, root))
     return out
 
 
@@ -218,6 +227,7 @@ class StageLoad:
     layers: float  # mean layers per chunk (activations are saved per chunk forward in flight)
     last: bool  # holds the last virtual stage (LM head, logits)
     layer_params: float  # parameters of one layer of its first chunk (ZeRO-3 gathers)
+    root_params: float = 0.0  # of dense_params, those outside the layers (embedding, final norm, LM head)
 
 
 def stage_loads(layout: list, pp: int) -> list[StageLoad]:
@@ -236,7 +246,8 @@ def stage_loads(layout: list, pp: int) -> list[StageLoad]:
         chunks = layout[st::pp]
         out.append(StageLoad(sum(c.dense_params for c in chunks), sum(c.expert_params for c in chunks),
                              sum(c.num_layers for c in chunks) / max(1, len(chunks)),
-                             any(c.vstage == last for c in chunks), chunks[0].layer_params))
+                             any(c.vstage == last for c in chunks), chunks[0].layer_params,
+                             sum(c.root_params for c in chunks)))
     return out
 
 
@@ -290,7 +301,7 @@ def compile_run(run: RunSpec, num_microbatches: int | None = None) -> ExecutionG
                     bwd_memo[key] = (recompute_ops(ops, s.recompute) if layer else []) + backward_of(ops)
                 bwd.append((bwd_memo[key], rep))
             chunks.append(Chunk(vs, cl.num_layers, fwd, bwd, cl.dense_params + cl.expert_params, cl.dense_params,
-                                cl.expert_params, cl.layer_params))
+                                cl.expert_params, cl.layer_params, cl.root_params))
         if pp == 1:
             # no pipeline: gradient accumulation runs each micro-batch forward then backward
             sched = [u for i in range(m) for u in (("F", 0, i), ("B", 0, i))]
@@ -338,3 +349,26 @@ def gradient_collectives(eg: ExecutionGraph, chunk: Chunk) -> list[Op]:
     """Gradient-reduction collectives of one chunk, one per bucket (see :func:`gradient_buckets`)."""
     return [Op(f"{op.name}{i}", op.kind, op.phase, op.flops, op.bytes, op.dtype, op.shape, op.group)
             for op, n in gradient_buckets(eg, chunk) for i in range(n)]
+
+
+def fsdp_copy_ops(kind: str, params: float, dp: int, s) -> list[Op]:
+    """PyTorch FSDP's buffer copies around one layer's ``kind`` collective of ``params`` parameters.
+
+    FSDP2 copies each rank's shards into one flat buffer before an all-gather and splits the gathered
+    buffer back into the parameters after it (copy-in, copy-out); before a reduce-scatter it copies
+    the gradients into one buffer, and it divides the output shard after
+    (``torch.distributed.fsdp._fully_shard._fsdp_collectives``). Each is a memory-bound pass: one
+    read, one write.
+    """
+    pbytes, gbytes = state_bytes_per_param(s)
+    if kind == "allgather":
+        parts, e, dt, phase = (("copy_in", params / dp), ("copy_out", params)), pbytes, s.weight_precision, "fwd"
+    else:
+        parts, e, dt, phase = (("copy_in", params), ("divide", params / dp)), gbytes, s.reduce_precision, "bwd"
+    return [elementwise(f"fsdp.{kind}.{part}", "elementwise", phase, numel, 1, 1, e, dt, 0.0)
+            for part, numel in parts]
+
+
+def sharded_units_per_chunk(num_chunks: int) -> int:
+    """Most units one of ``num_chunks`` model chunks is laid out in (see :data:`MAX_SHARDED_UNITS`)."""
+    return max(1, MAX_SHARDED_UNITS // num_chunks)

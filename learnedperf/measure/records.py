@@ -221,10 +221,11 @@ def verify_files(directory: str | Path, files: dict, listed_in: str, what: str =
 
 
 def amend_steps(directory: str | Path, transform, *, command: str, what: str, details: dict | None = None,
-                manifest: dict | None = None, record_unchanged: bool = True) -> int:
+                manifest: dict | None = None, record_unchanged: bool = True, kind=None) -> int:
     """Rewrite every step record's run of a data set with ``transform(run) -> run``.
 
-    The ``device`` column and the ``run_id`` follow the new run; measured values stay as they are.
+    The ``device`` column and the ``run_id`` follow the new run, and so does ``strategy_kind`` when
+    ``kind(run, old_kind) -> kind`` is given; measured values stay as they are.
     Files with a changed run are rewritten; the manifest's file checksums, its quiet-check entries
     (by run id) and its ``amendments`` list (date, command, what, rows changed, and ``details``)
     are updated. ``manifest`` is the already verified (and possibly edited) manifest to write,
@@ -245,7 +246,7 @@ def amend_steps(directory: str | Path, transform, *, command: str, what: str, de
     changed = 0
     for f in sorted(directory.glob("steps*.parquet")):
         steps = pd.read_parquet(f)
-        runs, devices, ids = [], [], []
+        runs, devices, ids, kinds = [], [], [], []
         for rec in steps.to_dict("records"):
             run = transform(json.loads(rec["run"]))
             new_id = run_id(run)
@@ -254,11 +255,12 @@ def amend_steps(directory: str | Path, transform, *, command: str, what: str, de
             runs.append(canonical_json(run))
             devices.append(canonical_json(run["hardware"]["device"]))
             ids.append(new_id)
+            kinds.append(kind(run, rec["strategy_kind"]) if kind is not None else rec["strategy_kind"])
         n = sum(a != b for a, b in zip(ids, steps["run_id"]))
         if not n:
             continue
         changed += n
-        steps["run"], steps["device"], steps["run_id"] = runs, devices, ids
+        steps["run"], steps["device"], steps["run_id"], steps["strategy_kind"] = runs, devices, ids, kinds
         write_parquet(steps.to_dict("records"), f, STEP_COLUMNS, "step")
         manifest["files"][f.name] = {"sha256": sha256_file(f), "rows": int(len(steps))}
     if not changed and not record_unchanged:

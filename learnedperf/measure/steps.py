@@ -23,9 +23,10 @@ one process per rank started by :func:`torch.multiprocessing.start_processes`
   all-reduce between first and last stage; with ``dp`` gradients are all-reduced
   in ``grad_bucket_size_MiB`` buckets after the pipeline flush;
 * ``zero`` — ZeRO stage 1 with :class:`torch.distributed.optim.ZeroRedundancyOptimizer`
-  over DDP; stage 2 with FSDP2 ``fully_shard(reshard_after_forward=False)`` (the
-  SHARD_GRAD_OP layout);
-* ``fsdp`` — FSDP2 ``fully_shard`` per layer and at the root (FULL_SHARD; ZeRO-3).
+  over DDP;
+* ``fsdp`` — FSDP2 ``fully_shard`` per layer and at the root: FULL_SHARD (ZeRO-3),
+  or with ``zero_stage`` 2 ``reshard_after_forward=False`` (SHARD_GRAD_OP). ZeRO-2
+  and ZeRO-3 are always measured on FSDP2, and their records say ``fsdp: true``.
 
 Timing: a barrier, then ``time.perf_counter`` around one whole iteration (every
 micro-batch's forward and backward, the gradient communication and the optimizer
@@ -202,11 +203,12 @@ class StepPlan:
 
     @property
     def sharded_dp(self) -> Optional[str]:
-        """'zero1', 'zero2' or 'fsdp' (FULL_SHARD) when the data-parallel ranks shard state, else None."""
+        """'zero1', 'zero2' (FSDP2 SHARD_GRAD_OP) or 'fsdp' (FULL_SHARD) when the data-parallel ranks shard
+        state, else None."""
         s = self.strategy
-        if s["fsdp"] or s["zero_stage"] == 3:
-            return "fsdp"
-        return {1: "zero1", 2: "zero2"}.get(s["zero_stage"])
+        if s["zero_stage"] in (1, 2):
+            return {1: "zero1", 2: "zero2"}[s["zero_stage"]]
+        return "fsdp" if s["fsdp"] or s["zero_stage"] == 3 else None
 
 
 def plan_step(config: StepConfig) -> StepPlan:
@@ -268,8 +270,8 @@ def plan_step(config: StepConfig) -> StepPlan:
         raise bad("strategy.zero_stage", f"expected 0, 1, 2 or 3, got {s['zero_stage']!r}")
     if not isinstance(s["fsdp"], bool):
         raise bad("strategy.fsdp", f"expected true or false, got {s['fsdp']!r}")
-    if s["fsdp"] and s["zero_stage"] in (1, 2):
-        raise bad("strategy.fsdp", f"fsdp (full sharding) contradicts zero_stage={s['zero_stage']}")
+    if s["fsdp"] and s["zero_stage"] == 1:
+        raise bad("strategy.fsdp", "FSDP has no ZeRO-1 mode (zero_stage 2: SHARD_GRAD_OP, 3: FULL_SHARD)")
     bucket = s["grad_bucket_size_MiB"]
     if isinstance(bucket, bool) or not isinstance(bucket, (int, float)) or not bucket > 0:
         raise bad("strategy.grad_bucket_size_MiB", f"expected a positive number, got {bucket!r}")
@@ -314,7 +316,7 @@ def plan_step(config: StepConfig) -> StepPlan:
     s.update(dp=dp, global_batch_size=gbs)
     if world == 1:
         kind = "single"
-    elif s["fsdp"] or s["zero_stage"] == 3:
+    elif s["fsdp"] or s["zero_stage"] >= 2:
         kind = "fsdp"
     elif s["zero_stage"] > 0:
         kind = "zero"
@@ -352,7 +354,8 @@ def _run_dict(plan: StepPlan, hardware: dict) -> dict:
         "tp": plan.tp, "pp": plan.pp, "dp": plan.dp,
         "micro_batch_size": s["micro_batch_size"], "global_batch_size": s["global_batch_size"],
         "pipeline_schedule": s["pipeline_schedule"], "zero_stage": 3 if sharded == "fsdp" else s["zero_stage"],
-        "fsdp": bool(s["fsdp"]), "recompute": s["recompute"], "precision": s["precision"],
+        # ZeRO-2 and -3 run on FSDP2 (per-layer gathers and reduce-scatters), whatever the config said
+        "fsdp": sharded in ("zero2", "fsdp"), "recompute": s["recompute"], "precision": s["precision"],
         # bf16 steps run the fp32 model under torch.autocast (no bf16 weights, no master copy)
         **({"mixed_precision": "autocast"} if s["precision"] == "bf16" else {}),
         "flash_attention": True, "grad_bucket_size_MiB": s["grad_bucket_size_MiB"],
@@ -1011,7 +1014,7 @@ def step_grid(quick: bool = False) -> list[StepConfig]:
                 out.append(cfg(f"{fam}-{size}", 2, pp=2, global_batch_size=4, pipeline_schedule=sched))
         out.append(cfg(f"{fam}-tiny", 2, pp=2, global_batch_size=8, pipeline_schedule="1f1b"))
         out.append(cfg(f"{fam}-small", 2, zero_stage=1, grad_bucket_size_MiB=25.0))
-        out.append(cfg(f"{fam}-small", 2, zero_stage=2))
+        out.append(cfg(f"{fam}-small", 2, zero_stage=2, fsdp=True))
         out.append(cfg(f"{fam}-small", 2, fsdp=True))
     out.append(cfg("gpt-medium", 2, zero_stage=1))
     out.append(cfg("gpt-medium", 2, fsdp=True))

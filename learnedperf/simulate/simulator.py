@@ -1,9 +1,10 @@
 """Simulate one training iteration of a run: execution graph → events → times.
 
-One representative rank per pipeline stage executes its program on three
+One representative rank per pipeline stage executes its program on up to four
 streams — ``compute`` (kernels, blocking tensor/context/expert-parallel
 collectives and, unless overlapped, pipeline sends), ``dp`` (gradient
-reduction, ZeRO/FSDP gathers) and ``p2p`` (overlapped pipeline sends) — over
+reduction, ZeRO/FSDP gathers), ``reduce_scatter`` (ZeRO-3/FSDP's per-layer
+reduce-scatters) and ``p2p`` (overlapped pipeline sends) — over
 two links per rank (``intra``: inside the node; ``inter``: its network share)
 whose bandwidth concurrent transfers share. Where the hardware says computation hides only a
 share of a collective (``comm_overlap``, measured), the rest of the time the critical stage's
@@ -21,7 +22,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..cost import CostModel, RooflineCost
-from ..graph.execution import Chunk, ExecutionGraph, compile_run, gradient_buckets
+from ..graph.execution import (Chunk, ExecutionGraph, compile_run, fsdp_copy_ops, gradient_buckets,
+                               sharded_units_per_chunk)
 from ..graph.ops import Group, Op, comm
 from ..graph.transformer import model_flops_per_iteration
 from ..specs import RunSpec
@@ -97,6 +99,35 @@ def _unit_cost(blocks, cost: CostModel) -> tuple[float, float, float, float, dic
     return comp, lat, intra, inter, by_cat
 
 
+def _layer_units(blocks, cost: CostModel, first_end: bool, last_end: bool,
+                 max_units: int) -> list[tuple[int, tuple]]:
+    """A chunk's forward or backward as per-layer units: [(layers, (comp, lat, intra, inter))].
+
+    ``blocks`` are the chunk's (ops, repeat) blocks in execution order; ``first_end`` / ``last_end``
+    say whether the first / last block is a non-layer end (embedding, LM head), whose cost joins the
+    first / last unit. Consecutive layers are grouped so that there are at most ``max_units`` units.
+    """
+    rest = list(blocks)
+    first = [rest.pop(0)] if first_end and rest else []
+    last = [rest.pop()] if last_end and rest else []
+    head, tail = _unit_cost(first, cost)[:4], _unit_cost(last, cost)[:4]
+    layers: list[tuple] = []
+    for ops, rep in rest:
+        one = _unit_cost([(ops, 1)], cost)[:4]
+        layers.extend([one] * rep)
+    if not layers:
+        return [(0, tuple(a + b for a, b in zip(head, tail)))]
+    n = len(layers)
+    k = -(-n // max_units)  # layers per unit
+    units = []
+    for lo in range(0, n, k):
+        group = layers[lo:lo + k]
+        units.append((len(group), tuple(sum(v) for v in zip(*group))))
+    units[0] = (units[0][0], tuple(a + b for a, b in zip(units[0][1], head)))
+    units[-1] = (units[-1][0], tuple(a + b for a, b in zip(units[-1][1], tail)))
+    return units
+
+
 class _Builder:
     """Lays the execution graph out as engine tasks."""
 
@@ -108,6 +139,8 @@ class _Builder:
         self.compute_part: dict[int, float] = {}  # task -> seconds of kernels (rest: blocking collectives)
         self.comm_memo: dict[tuple, object] = {}
         self.grad_memo: dict[tuple, tuple] = {}
+        self.copy_memo: dict[tuple, float] = {}
+        self.sharded_memo: dict[tuple, tuple] = {}
 
     def link(self, stage: int, level: str) -> int:
         key = (stage, level)
@@ -135,6 +168,87 @@ class _Builder:
         c = self.comm_cost(op)
         return self.e.transfer(stream, c.latency_s, self.demands(stage, c.intra_bytes, c.inter_bytes), deps,
                                category, op.name)
+
+    def sharded_comm(self, stream: int, stage: int, kind: str, params: float, layers: int, deps,
+                     name: str) -> int:
+        """One unit's ZeRO-3/FSDP gather or reduce-scatter: ``layers`` collectives of ``params / layers``.
+
+        A unit of grouped layers keeps each layer's collective latency and bytes in one task.
+        """
+        key = (stage, kind, params, layers)
+        hit = self.sharded_memo.get(key)
+        if hit is None:
+            s, eg = self.run.strategy, self.eg
+            per = params / max(1, layers)
+            if kind == "allgather":
+                op = comm(name, kind, "fwd", per * eg.param_bytes_per_param, eg.dp_group, s.precision)
+            else:
+                op = comm(name, kind, "bwd", per * eg.grad_bytes_per_param, eg.dp_group, s.reduce_precision)
+            c = self.comm_cost(op)
+            n = max(1, layers)
+            hit = self.sharded_memo[key] = (c.latency_s * n, self.demands(stage, c.intra_bytes * n, c.inter_bytes * n))
+        return self.e.transfer(stream, hit[0], hit[1], deps, "dp_comm", name)
+
+    def unit_task(self, stage: int, comp: float, lat: float, intra: float, inter: float, deps, send, last: bool,
+                  category: str, name: str) -> tuple[int, Optional[tuple]]:
+        """One forward or backward unit on the stage's compute stream; returns the task and the send left.
+
+        The unit's kernels and blocking TP/CP/EP collectives are one task: compute time first, then the
+        collectives' bytes on the shared links (the part beyond ``comp`` is exposed). A blocking
+        pipeline send (``send``, when ``last``) ends the unit: its bytes join the same task (fewer events).
+        """
+        dem = self.demands(stage, intra, inter)
+        if last and send is not None and not self.run.strategy.overlap_p2p:
+            lat += send[0]
+            dem = dem + send[1]
+            send = None
+        t = self.e.transfer(self.compute_streams[stage], comp + lat, dem, deps, category, name)
+        self.compute_part[t] = comp
+        return t, send
+
+    def split_comm(self, stream: int, stage: int, kind: str, per_layer: float, root: float, layers: int,
+                   rest_deps, one_deps, one_first: bool, name: str) -> tuple[int, int]:
+        """A unit's gather or reduce-scatter as two tasks: one layer's (with the root's parameters, if any)
+        and the unit's other layers'; returns (that layer's task, the last task).
+
+        A unit groups layers only to bound events; splitting off the layer that the computation waits for
+        (a gather's first, a reduce-scatter's last) keeps what a per-layer layout exposes: only that
+        layer's collective, while the rest overlap the unit's computation. ``one_first`` puts the single
+        layer before the rest on the stream (gathers); ``rest_deps`` and ``one_deps`` are each part's
+        dependencies. A unit of one layer is one task.
+        """
+        if layers <= 1:
+            t = self.sharded_comm(stream, stage, kind, per_layer * layers + root, layers, one_deps, name)
+            return t, t
+        parts = [("one", per_layer + root, 1, one_deps), ("rest", per_layer * (layers - 1), layers - 1, rest_deps)]
+        tasks = {}
+        for part, params, n, deps in (parts if one_first else parts[::-1]):
+            tasks[part] = self.sharded_comm(stream, stage, kind, params, n, deps, f"{name}.{part}")
+        return tasks["one"], tasks["one" if not one_first else "rest"]
+
+    def layer_gather(self, stream: int, stage: int, per_layer: float, root: float, layers: int, done: list[int],
+                     name: str) -> tuple[int, float]:
+        """A unit's ZeRO-3/FSDP parameter gather (:meth:`split_comm`) and the seconds of FSDP's copies.
+
+        The gather waits for the unit two before it (``done``: the units laid out so far), so that it
+        runs while the previous unit computes: one unit of prefetch, when prefetching at all. Returns the
+        task the unit's computation waits for: the gather of its first layer.
+        """
+        s = self.run.strategy
+        pre = (done[-2],) if len(done) >= 2 and s.overlap_param_gather else ()
+        first, _ = self.split_comm(stream, stage, "allgather", per_layer, root, layers, (), pre, True, name)
+        copy_s = self.fsdp_copy_s("allgather", per_layer * layers + root, layers) if s.fsdp else 0.0
+        return first, copy_s
+
+    def fsdp_copy_s(self, kind: str, params: float, layers: int) -> float:
+        """Seconds of PyTorch FSDP's buffer copies (:func:`fsdp_copy_ops`) around one unit's collectives."""
+        key = (kind, params, layers)
+        t = self.copy_memo.get(key)
+        if t is None:
+            n = max(1, layers)
+            ops = fsdp_copy_ops(kind, params / n, self.eg.dp_group.size, self.run.strategy)
+            t = self.copy_memo[key] = n * sum(self.cost.compute_time_s(op) for op in ops)
+        return t
 
     def grad_segments(self, chunk: Chunk, max_segments: int) -> tuple[int, list[tuple[int, float, float, float]]]:
         """Gradient reduction of ``chunk`` split over at most ``max_segments`` backward segments.
@@ -177,7 +291,6 @@ class _Builder:
         pp, v = s.pp, s.virtual_pipeline_stages
         n_v = pp * v
         zero = s.effective_zero_stage
-        m = eg.num_microbatches
         self.compute_streams = [e.add_stream(f"stage{st}.compute") for st in range(pp)]
         dp_streams = [e.add_stream(f"stage{st}.dp") for st in range(pp)]
         p2p_streams = [e.add_stream(f"stage{st}.p2p") for st in range(pp)] if s.overlap_p2p else self.compute_streams
@@ -219,19 +332,35 @@ class _Builder:
         grad_tasks: dict[int, list[int]] = {st.index: [] for st in eg.stages}
         sharded_grads: dict[int, list[int]] = {st.index: [] for st in eg.stages}  # ZeRO-3/FSDP reduce-scatters
         pbytes = eg.param_bytes_per_param
-        gbytes = eg.grad_bytes_per_param
-        if zero in (1, 2) and eg.dp_group.size > 1 and s.overlap_param_gather:
+        # ZeRO-3 and FSDP gather parameters and reduce-scatter gradients layer by layer (FSDP's SHARD_GRAD_OP
+        # gathers in forward only); ZeRO-1/2 reduce buckets and gather the whole state after the step
+        per_layer = s.per_layer_sharding and eg.dp_group.size > 1
+        gather_bwd = per_layer and zero >= 3
+        if per_layer:
+            # gathers prefetch on their own stream (or block the compute stream); reduce-scatters on a third
+            gather_streams = dp_streams if s.overlap_param_gather else self.compute_streams
+            rs_streams = [e.add_stream(f"stage{st}.reduce_scatter") for st in range(pp)]
+            for st in range(pp):
+                self.comm_streams[st].append(rs_streams[st])
+            cap = sharded_units_per_chunk(n_v)
+            funits = {c.vstage: _layer_units(c.forward, cost, c.vstage == 0, c.vstage == n_v - 1, cap)
+                      for st in eg.stages for c in st.chunks}
+            bunits = {c.vstage: _layer_units(c.backward, cost, c.vstage == n_v - 1, c.vstage == 0, cap)
+                      for st in eg.stages for c in st.chunks}
+        elif zero in (1, 2) and eg.dp_group.size > 1 and s.overlap_param_gather:
             for st in eg.stages:
                 for c in st.chunks:
                     op = comm(f"chunk{c.vstage}.param_allgather", "allgather", "fwd", c.params * pbytes,
                               eg.dp_group, s.precision)
                     param_gather[c.vstage] = self.collective(dp_streams[st.index], st.index, op, (), "dp_comm")
 
+        def per_layer_params(chunk: Chunk) -> float:
+            return (chunk.params - chunk.root_params) / max(1, chunk.num_layers)
+
         # Build in a global order that respects cross-stage deps: iterate schedules round-robin by position
         pending = {st.index: list(st.schedule) for st in eg.stages}
         ptr = {i: 0 for i in pending}
         remaining = sum(len(x) for x in pending.values())
-        fsdp_prev_rs: dict[int, int] = {}
         first_f_done: set[int] = set()
         while remaining:
             progressed = False
@@ -248,23 +377,20 @@ class _Builder:
                         if vs in param_gather and vs not in first_f_done:
                             deps.append(param_gather[vs])
                             first_f_done.add(vs)
-                        if zero >= 3 and eg.dp_group.size > 1:
-                            op = comm(f"chunk{vs}.fsdp_allgather.f{mb}", "allgather", "fwd", chunk.params * pbytes,
-                                      eg.dp_group, s.precision)
-                            stream = dp_streams[i] if s.overlap_param_gather else self.compute_streams[i]
-                            deps.append(self.collective(stream, i, op, (), "dp_comm"))
-                        comp, lat, intra, inter, _ = fcost[vs]
-                        # kernels and their blocking TP/CP/EP collectives as one task: compute time first,
-                        # then the collectives' bytes on the shared links (the part beyond ``comp`` is exposed)
-                        dem = self.demands(i, intra, inter)
+                        units = funits[vs] if per_layer else [(0, fcost[vs][:4])]
                         send = self.p2p(i, (vs + 1) % pp) if vs < n_v - 1 else None
-                        if send is not None and not s.overlap_p2p:
-                            # a blocking send ends the unit: its bytes join the same task (fewer events)
-                            lat += send[0]
-                            dem = dem + send[1]
-                            send = None
-                        t = e.transfer(self.compute_streams[i], comp + lat, dem, deps, "forward", f"F{vs}.{mb}")
-                        self.compute_part[t] = comp
+                        done: list[int] = []
+                        for u, (layers, (comp, lat, intra, inter)) in enumerate(units):
+                            d = list(deps) if u == 0 else [done[-1]]
+                            if per_layer:
+                                g, copy_s = self.layer_gather(gather_streams[i], i, per_layer_params(chunk),
+                                                              chunk.root_params if u == 0 else 0.0, layers, done,
+                                                              f"chunk{vs}.fsdp_allgather.f{mb}.{u}")
+                                d.append(g)
+                                comp += copy_s
+                            t, send = self.unit_task(i, comp, lat, intra, inter, d, send, u == len(units) - 1,
+                                                     "forward", f"F{vs}.{mb}")
+                            done.append(t)
                         if send is not None:
                             t = e.transfer(p2p_streams[i], send[0], send[1], (t,), "pp_comm", f"send F{vs}.{mb}")
                         fwd_done[(vs, mb)] = t
@@ -272,37 +398,44 @@ class _Builder:
                         if vs < n_v - 1 and (vs + 1, mb) not in bwd_done:
                             break
                         deps = [bwd_done[(vs + 1, mb)]] if vs < n_v - 1 else [fwd_done[(vs, mb)]]
-                        if zero >= 3 and eg.dp_group.size > 1:
-                            op = comm(f"chunk{vs}.fsdp_allgather.b{mb}", "allgather", "bwd", chunk.params * pbytes,
-                                      eg.dp_group, s.precision)
-                            stream = dp_streams[i] if s.overlap_param_gather else self.compute_streams[i]
-                            deps.append(self.collective(stream, i, op, (), "dp_comm"))
-                        comp, lat, intra, inter, cats = bcost[vs]
                         is_last = last_b_of_chunk.get(vs) == mb
-                        nseg, grads = (self.grad_segments(chunk, max(1, chunk.num_layers) if s.overlap_grad_reduce
-                                                          else 1) if is_last and zero < 3 else (1, []))
+                        if per_layer:
+                            units, grads = bunits[vs], []
+                        else:
+                            comp, lat, intra, inter, _cats = bcost[vs]
+                            nseg, grads = (self.grad_segments(chunk, max(1, chunk.num_layers) if s.overlap_grad_reduce
+                                                              else 1) if is_last else (1, []))
+                            units = [(0, (comp / nseg, lat / nseg, intra / nseg, inter / nseg))] * nseg
                         overlap = s.overlap_grad_reduce and bool(grads)
-                        t = -1
-                        seg_ends = []
                         send = self.p2p(i, (vs - 1) % pp) if vs > 0 else None
-                        for k in range(nseg):
-                            d = deps if k == 0 else [t]
-                            seg_lat, dem = (comp + lat) / nseg, self.demands(i, intra / nseg, inter / nseg)
-                            if k == nseg - 1 and send is not None and not s.overlap_p2p:
-                                seg_lat += send[0]
-                                dem = dem + send[1]
-                                send = None
-                            t = e.transfer(self.compute_streams[i], seg_lat, dem, d, "backward", f"B{vs}.{mb}")
-                            self.compute_part[t] = comp / nseg
-                            seg_ends.append(t)
-                        if zero >= 3 and eg.dp_group.size > 1:
-                            # FSDP reduce-scatters each micro-batch's gradients as its backward ends, whatever
-                            # overlap_grad_reduce says (deferring them would block later gathers on this stream)
-                            op = comm(f"chunk{vs}.fsdp_reducescatter.b{mb}", "reducescatter", "bwd",
-                                      chunk.params * gbytes, eg.dp_group, s.reduce_precision)
-                            sharded_grads[i].append(self.collective(dp_streams[i], i, op, (t,), "dp_comm"))
+                        done = []
+                        for u, (layers, (comp, lat, intra, inter)) in enumerate(units):
+                            d = list(deps) if u == 0 else [done[-1]]
+                            if per_layer:
+                                body = per_layer_params(chunk)
+                                root = chunk.root_params if u == len(units) - 1 else 0.0
+                                if gather_bwd:
+                                    # FSDP keeps its root's parameters gathered from forward to backward
+                                    g, copy_s = self.layer_gather(gather_streams[i], i, body,
+                                                                  chunk.root_params if u == 0 and not s.fsdp else 0.0,
+                                                                  layers, done, f"chunk{vs}.fsdp_allgather.b{mb}.{u}")
+                                    d.append(g)
+                                    comp += copy_s
+                                if s.fsdp:
+                                    comp += self.fsdp_copy_s("reducescatter", body * layers + root, layers)
+                            t, send = self.unit_task(i, comp, lat, intra, inter, d, send, u == len(units) - 1,
+                                                     "backward", f"B{vs}.{mb}")
+                            done.append(t)
+                            if per_layer:
+                                # every micro-batch's gradients are reduce-scattered as each layer's backward
+                                # ends, whatever overlap_grad_reduce says (deferring them would hold every
+                                # layer's unsharded gradients): the unit's earlier layers while it computes
+                                # (from when it can start), its last layer (with the root's) once it is done
+                                _, last = self.split_comm(rs_streams[i], i, "reducescatter", body, root, layers, d,
+                                                          (t,), False, f"chunk{vs}.fsdp_reducescatter.b{mb}.{u}")
+                                sharded_grads[i].append(last)
                         for seg, g_lat, g_intra, g_inter in grads:
-                            dep = (seg_ends[seg],) if overlap else ()
+                            dep = (done[seg],) if overlap else ()
                             grad_tasks[i].append(e.transfer(dp_streams[i], g_lat, self.demands(i, g_intra, g_inter),
                                                             dep, "dp_comm", f"grad_reduce{vs}.{seg}"))
                         if send is not None:
@@ -335,7 +468,7 @@ class _Builder:
             deps = list(grad_tasks[i]) + list(sharded_grads[i]) + [e.stream_tasks[self.compute_streams[i]][-1]]
             dur = sum(cost.compute_time_s(op) for op in st.optimizer)
             t = e.compute(self.compute_streams[i], dur, deps, "optimizer", f"optimizer{i}")
-            if zero in (1, 2) and eg.dp_group.size > 1 and not s.overlap_param_gather:
+            if zero in (1, 2) and not per_layer and eg.dp_group.size > 1 and not s.overlap_param_gather:
                 for c in st.chunks:
                     op = comm(f"chunk{c.vstage}.param_allgather", "allgather", "opt", c.params * pbytes,
                               eg.dp_group, s.precision)

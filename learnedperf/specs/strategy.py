@@ -33,7 +33,11 @@ class Strategy(Spec):
     pipeline_schedule: Literal["gpipe", "1f1b", "interleaved"] = "1f1b"
     virtual_pipeline_stages: int = Field(default=1, ge=1, le=_MAX, description="model chunks per pipeline rank")
     zero_stage: Literal[0, 1, 2, 3] = 0
-    fsdp: bool = Field(default=False, description="PyTorch FSDP full sharding (same traffic as ZeRO-3)")
+    fsdp: bool = Field(
+        default=False,
+        description="PyTorch FSDP: parameters gathered and gradients reduce-scattered layer by layer, through "
+                    "flat copy-in/copy-out buffers; full sharding (FULL_SHARD, ZeRO-3 traffic) unless "
+                    "zero_stage is 2 (SHARD_GRAD_OP: parameters kept gathered from forward to backward)")
     recompute: Literal["none", "selective", "full"] = "none"
     sequence_parallel: bool = False
     precision: Precision = "bf16"
@@ -58,6 +62,9 @@ class Strategy(Spec):
         if self.mixed_precision == "autocast" and self.precision not in ("bf16", "fp16"):
             raise FieldValueError("mixed_precision",
                                   f"'autocast' casts fp32 weights to bf16 or fp16, not to precision {self.precision!r}")
+        if self.fsdp and self.zero_stage == 1:
+            raise FieldValueError("fsdp", "FSDP shards parameters (zero_stage 3, FULL_SHARD) or gradients and "
+                                          "optimizer state (zero_stage 2, SHARD_GRAD_OP); it has no ZeRO-1 mode")
         if self.pipeline_schedule == "interleaved" and self.virtual_pipeline_stages < 2:
             raise FieldValueError("virtual_pipeline_stages",
                                   "pipeline_schedule 'interleaved' needs virtual_pipeline_stages >= 2")
@@ -68,8 +75,13 @@ class Strategy(Spec):
 
     @property
     def effective_zero_stage(self) -> int:
-        """ZeRO stage, with FSDP counted as stage 3."""
-        return 3 if self.fsdp else self.zero_stage
+        """ZeRO stage: FSDP counts as stage 3 (FULL_SHARD) unless zero_stage says 2 (SHARD_GRAD_OP)."""
+        return 3 if self.fsdp and self.zero_stage != 2 else self.zero_stage
+
+    @property
+    def per_layer_sharding(self) -> bool:
+        """True when sharded parameters are gathered layer by layer (ZeRO-3, either FSDP mode)."""
+        return self.fsdp or self.zero_stage == 3
 
     @property
     def autocast(self) -> bool:
