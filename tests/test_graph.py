@@ -236,3 +236,31 @@ def test_compiled_groups():
     eg = compile_run(run)
     assert eg.tp_group == Group(2, 2)
     assert eg.dp_group == Group(8, 4) and eg.dp_group.nodes == 2
+
+
+# ----------------------------------------------------------------------------- embedding backward
+def _table_ops(run) -> dict[str, float]:
+    """Bytes of the table-sized backward ops of each stage's first chunk, by name."""
+    out = {}
+    for st in compile_run(run).stages:
+        for ops, _rep in st.chunks[0].backward:
+            out.update({f"{st.index}:{op.name}": op.bytes for op in ops if op.name.startswith("embedding.")
+                        and not op.name.endswith(".bwd")})
+    return out
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_embedding_backward_fills_the_local_table_and_adds_the_tied_head(tp):
+    # the dense table gradient is zero-filled (one write of the local V/tp × h table) and, when the tied LM
+    # head sits on the same rank, the head's weight gradient is added to it (two reads and one write)
+    V, h = GPT_SMALL["vocab_size"], GPT_SMALL["hidden_size"]
+    table = V / tp * h * 2  # bf16 weights
+    one_stage = _table_ops(make_run(GPT_SMALL, num_devices=tp, tp=tp))
+    assert one_stage == {"0:embedding.grad_zero": table, "0:embedding.tied_grad_add": 3 * table}
+    # a pipeline puts the head on the last stage: its gradient is all-reduced with the first stage's, not added
+    two_stages = _table_ops(make_run(GPT_SMALL, num_devices=2 * tp, tp=tp, pp=2, global_batch_size=4))
+    assert two_stages == {"0:embedding.grad_zero": table}
+    # an untied model (Llama) only fills; under autocast the table and its gradient are fp32
+    V, h = LLAMA_GQA["vocab_size"], LLAMA_GQA["hidden_size"]
+    assert _table_ops(make_run(LLAMA_GQA, num_devices=tp, tp=tp, mixed_precision="autocast")) == {
+        "0:embedding.grad_zero": V / tp * h * 4}

@@ -31,8 +31,8 @@ from typing import Any, Optional
 from ..graph.execution import (chunk_layout, fsdp_copy_ops, group_placement, recompute_ops, stage_loads,
                                state_bytes_per_param)
 from ..graph.ops import comm
-from ..graph.transformer import (backward_of, embedding_forward, head_forward, layer_forward, operator_graph,
-                                 optimizer_ops, shard_for)
+from ..graph.transformer import (backward_of, embedding_backward, embedding_forward, head_forward, layer_forward,
+                                 operator_graph, optimizer_ops, shard_for)
 from .ops import FeatureSchema
 
 RUN_FEATURE_SCHEMA_VERSION = 3
@@ -204,16 +204,16 @@ def layer_cost(run: Any, ctx: RunContext) -> tuple[float, ...]:
     """Seconds of one micro-batch on the run's shard: ``(dense layer compute, its memory-bound
     part, its collectives, MoE layer compute, its collectives, embedding, LM head)``, forward +
     backward + recomputation, cached per distinct shard in ``ctx``."""
-    s = run.strategy
+    s, m = run.strategy, ctx.model
     dpn = run.hardware.node_size
+    tied_here = m.tie_embeddings and s.pp * s.virtual_pipeline_stages == 1
     key = (s.tp, s.cp, s.ep, s.dp, s.micro_batch_size, s.precision, s.mixed_precision, s.flash_attention,
-           s.sequence_parallel, s.recompute)
+           s.sequence_parallel, s.recompute, tied_here)
     hit = ctx.layer_costs.get(key)
     if hit is not None:
         return hit
     sh = shard_for(run, group_placement(s.tp, 1, dpn), group_placement(s.cp, s.tp, dpn),
                    group_placement(s.ep, s.tp, dpn))
-    m = ctx.model
 
     def unit(fwd: list) -> tuple[float, float, float]:
         c = [_costs(ctx, ops) for ops in (fwd, backward_of(fwd), recompute_ops(fwd, s.recompute))]
@@ -221,8 +221,9 @@ def layer_cost(run: Any, ctx: RunContext) -> tuple[float, ...]:
 
     dense = unit(layer_forward(m, sh, False))
     moe = unit(layer_forward(m, sh, True, "moe_layer")) if m.is_moe else (0.0, 0.0, 0.0)
-    emb, head = (_costs(ctx, f)[0] + _costs(ctx, backward_of(f))[0]
-                 for f in (embedding_forward(m, sh), head_forward(m, sh)))
+    emb = _costs(ctx, embedding_forward(m, sh))[0] + _costs(ctx, embedding_backward(m, sh, tied_here))[0]
+    f = head_forward(m, sh)
+    head = _costs(ctx, f)[0] + _costs(ctx, backward_of(f))[0]
     if len(ctx.layer_costs) >= 4096:
         ctx.layer_costs.pop(next(iter(ctx.layer_costs)))
     out = ctx.layer_costs[key] = (dense[0], dense[1], dense[2], moe[0], moe[2], emb, head)

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from ..specs import RunSpec
 from ..units import MiB, dtype_bytes
 from .ops import Group, Op, comm, elementwise
-from .transformer import (Shard, backward_of, embedding_forward, head_forward, layer_forward, optimizer_ops,
-                          shard_for)
+from .transformer import (Shard, backward_of, embedding_backward, embedding_forward, head_forward, layer_forward,
+                          optimizer_ops, shard_for)
 
 Block = tuple[list[Op], int]  # ops and how many times they repeat (identical layers)
 
@@ -284,8 +284,9 @@ def compile_run(run: RunSpec, num_microbatches: int | None = None) -> ExecutionG
             vs = c * pp + st
             cl = layout[vs]
             fwd: list[Block] = []
-            if vs == 0:
-                fwd.append((embedding_forward(model, sh), 1))
+            emb = embedding_forward(model, sh) if vs == 0 else None
+            if emb is not None:
+                fwd.append((emb, 1))
             if cl.num_dense:
                 fwd.append((dense_layer_fwd, cl.num_dense))
             if cl.num_moe:
@@ -298,7 +299,9 @@ def compile_run(run: RunSpec, num_microbatches: int | None = None) -> ExecutionG
                 if key not in bwd_memo:  # identical layers share one backward list (and its cost cache)
                     # Megatron recomputes transformer layers only, never the embedding or the LM head
                     layer = ops is dense_layer_fwd or ops is moe_layer_fwd
-                    bwd_memo[key] = (recompute_ops(ops, s.recompute) if layer else []) + backward_of(ops)
+                    bwd_memo[key] = ((recompute_ops(ops, s.recompute) if layer else []) + backward_of(ops)
+                                     if ops is not emb else
+                                     embedding_backward(model, sh, model.tie_embeddings and n_v == 1))
                 bwd.append((bwd_memo[key], rep))
             chunks.append(Chunk(vs, cl.num_layers, fwd, bwd, cl.dense_params + cl.expert_params, cl.dense_params,
                                 cl.expert_params, cl.layer_params, cl.root_params))

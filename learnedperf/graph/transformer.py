@@ -232,6 +232,24 @@ def embedding_forward(model: ModelSpec, sh: Shard) -> list[Op]:
     return ops
 
 
+def embedding_backward(model: ModelSpec, sh: Shard, tied_here: bool) -> list[Op]:
+    """Backward of :func:`embedding_forward`, with the work sized by the (vocabulary-parallel) table.
+
+    The lookup's backward scatters the output gradient into a dense table gradient that is first
+    zero-filled (PyTorch's ``embedding_dense_backward``, which Megatron's embedding also runs), and
+    when the LM head shares the table on this rank (``tied_here``) autograd adds the head's weight
+    gradient to it. Both passes cover the whole local table, whatever the batch: on small models
+    they cost as much as the lookup's rows.
+    """
+    h, e, dt = model.hidden_size, sh.e_res, sh.res_dtype  # the table's dtype (fp32 under autocast)
+    numel = -(-model.vocab_size // sh.tp) * h
+    ops = backward_of(embedding_forward(model, sh))
+    ops.append(elementwise("embedding.grad_zero", "elementwise", "bwd", numel, 0, 1, e, dt, 0.0, h))
+    if tied_here:
+        ops.append(elementwise("embedding.tied_grad_add", "elementwise", "bwd", numel, 2, 1, e, dt, 1.0, h))
+    return ops
+
+
 def head_forward(model: ModelSpec, sh: Shard) -> list[Op]:
     """Final norm, LM head GEMM and (vocab-parallel) cross-entropy on the last stage."""
     h, e, dt, T, t = model.hidden_size, sh.e, sh.dtype, sh.tokens, sh.tp
@@ -292,8 +310,9 @@ def operator_graph(model: ModelSpec, batch: int = 1, precision: str = "bf16", fl
     for ops, rep in fwd_blocks:
         for op in ops:
             prev = [g.add(op, prev, rep)]
-    for ops, rep in reversed(fwd_blocks):
-        for op in backward_of(ops):
+    for i, (ops, rep) in enumerate(reversed(fwd_blocks)):
+        bwd = embedding_backward(model, sh, model.tie_embeddings) if i == len(fwd_blocks) - 1 else backward_of(ops)
+        for op in bwd:
             prev = [g.add(op, prev, rep)]
     for op in optimizer_ops(model.num_params(), optimizer, "fp32" if autocast else precision):
         g.add(op, prev, 1)
