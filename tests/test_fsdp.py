@@ -181,3 +181,19 @@ def test_committed_zero2_steps_say_fsdp_and_the_amendment_is_idempotent(tmp_path
     shutil.copytree(CPU_DATA, data)
     assert amend_fsdp(data, "test") == 0  # already amended: nothing changes, nothing is written
     assert (data / "steps_cpu.parquet").read_bytes() == (CPU_DATA / "steps_cpu.parquet").read_bytes()
+
+    # undo the amendment in the copy (through the same machinery, so the manifest stays valid), then redo it:
+    # the runs, run ids and kinds come back as committed
+    from learnedperf.measure.records import amend_steps
+
+    def strip(run: dict) -> dict:
+        if run["strategy"].get("zero_stage") == 2:
+            run["strategy"]["fsdp"] = False
+        return run
+
+    assert amend_steps(data, strip, command="test", what="undo", record_unchanged=False,
+                       kind=lambda run, old: "zero" if run["strategy"].get("zero_stage") == 2 else old) == 3
+    assert amend_fsdp(data, "test") == 3
+    again = pd.read_parquet(data / "steps_cpu.parquet")
+    for col in ("run", "run_id", "strategy_kind", "iteration_time_ms"):
+        assert again[col].tolist() == steps[col].tolist(), col

@@ -263,7 +263,7 @@ def analytic_time(run: Any, ctx: RunContext, loads: Optional[list] = None) -> An
 
     ``loads`` are the run's :func:`~learnedperf.graph.execution.stage_loads` if the caller has them.
     Gradient reduction and ZeRO traffic are the simulator's collectives (DDP buckets, ZeRO-1/2
-    reduce-scatter and parameter all-gather, ZeRO-3/FSDP gathers and reduce-scatter per
+    reduce-scatter and parameter all-gather, ZeRO-3/FSDP gathers and reduce-scatters per layer and
     micro-batch) on the most loaded pipeline rank, timed alone on the cost model.
     """
     m, s = run.model, run.strategy

@@ -27,7 +27,8 @@ Block = tuple[list[Op], int]  # ops and how many times they repeat (identical la
 #: Most units the model's layers are laid out in, over all its chunks, when parameters are gathered layer by
 #: layer: deeper models group consecutive layers of a chunk into one unit (its gather and reduce-scatter carry
 #: every grouped layer's bytes and per-collective latency), which bounds the events of a 100-layer FSDP model
-#: without changing the traffic; only the prefetch granularity coarsens (the exposed first gather is one unit).
+#: without changing the traffic. The simulator splits each unit's collectives into the layer its computation
+#: waits for and the rest, so the exposed first gather and last reduce-scatter stay one layer's.
 MAX_SHARDED_UNITS = 4
 
 

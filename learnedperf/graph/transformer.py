@@ -238,8 +238,8 @@ def embedding_backward(model: ModelSpec, sh: Shard, tied_here: bool) -> list[Op]
     The lookup's backward scatters the output gradient into a dense table gradient that is first
     zero-filled (PyTorch's ``embedding_dense_backward``, which Megatron's embedding also runs), and
     when the LM head shares the table on this rank (``tied_here``) autograd adds the head's weight
-    gradient to it. Both passes cover the whole local table, whatever the batch: on small models
-    they cost as much as the lookup's rows.
+    gradient to it. Both passes cover the whole local table, whatever the batch, which makes them
+    visible on models with a large vocabulary and few layers.
     """
     h, e, dt = model.hidden_size, sh.e_res, sh.res_dtype  # the table's dtype (fp32 under autocast)
     numel = -(-model.vocab_size // sh.tp) * h
