@@ -127,7 +127,8 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--virtual-stages", type=_positive_int, metavar="N",
                    help="model chunks per pipeline rank (interleaved schedule)")
     m.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage")
-    m.add_argument("--fsdp", action="store_const", const=True, help="PyTorch FSDP full sharding")
+    m.add_argument("--fsdp", action="store_const", const=True,
+                   help="PyTorch FSDP: full sharding, or SHARD_GRAD_OP with --zero 2")
     m.add_argument("--recompute", choices=("none", "selective", "full"), help="activation recomputation")
     m.add_argument("--sequence-parallel", action="store_const", const=True)
     m.add_argument("--precision", choices=("fp32", "tf32", "bf16", "fp16", "fp8"))
@@ -447,7 +448,8 @@ def _table(pred: dict, run: Any) -> str:
     if s.pp > 1:
         knobs.append(s.pipeline_schedule + (f" x{s.virtual_pipeline_stages}" if s.virtual_pipeline_stages > 1 else ""))
     if s.effective_zero_stage:
-        knobs.append("FSDP" if s.fsdp else f"ZeRO-{s.zero_stage}")
+        knobs.append(("FSDP SHARD_GRAD_OP" if s.effective_zero_stage == 2 else "FSDP") if s.fsdp
+                     else f"ZeRO-{s.zero_stage}")
     if s.recompute != "none":
         knobs.append(f"recompute {s.recompute}")
     if s.sequence_parallel:
