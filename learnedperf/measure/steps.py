@@ -637,8 +637,6 @@ def _run_rank(plan: StepPlan, rank: int, iterations: Optional[int] = None) -> di
     ``iterations`` (loss mode) runs that many iterations without warm-up and
     reports every loss; otherwise ``warmup`` + ``repeats`` with the timed ones kept.
     """
-    import torch
-
     world = plan.world_size
     dist = None
     if world > 1:

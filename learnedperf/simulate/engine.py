@@ -105,7 +105,7 @@ class Engine:
         stream_prev = [-1] * len(self.stream_tasks)
         heap: list = []
         seq = 0
-        t_stream, t_dur, t_demand, t_succ = self.t_stream, self.t_dur, self.t_demand, self.t_succ
+        t_dur, t_demand = self.t_dur, self.t_demand
         stream_tasks = self.stream_tasks
         # link sharing state: only flows that share a link with a starting/ending flow change rate
         link_bw = self.link_bw
