@@ -232,11 +232,13 @@ def test_committed_cpu_steps_carry_the_curves_of_their_operator_records():
         want = with_curves(plain, curves, "")
         assert device["kernel_curves"] == want["kernel_curves"]
         assert device["optimizer_step"] == want["optimizer_step"]
-    # what the curves say about this CPU: its bf16 GEMMs ramp far more than its fp32 ones, and its
-    # fused bf16 attention runs far below its bf16 GEMM peak (no matrix units in that kernel)
+    # what the curves say about this CPU: its bf16 GEMMs ramp far more than its fp32 ones, its fused
+    # bf16 attention runs at most at about half its bf16 GEMM rate, and its causal attention skips key
+    # blocks of at least 256 keys (a GPU flash kernel's tile is 128; PyTorch's CPU kernel splits keys in 512s)
     kc = curves["kernel_curves"]
     assert kc["matmul"]["bf16"]["dim_half"] > 4 * kc["matmul"]["fp32"]["dim_half"]
-    assert kc["attention_bwd"]["bf16"]["tflops"] < 0.5 * kc["matmul"]["bf16"]["tflops"]
+    assert kc["attention_bwd"]["bf16"]["tflops"] < 0.6 * kc["matmul"]["bf16"]["tflops"]
+    assert min(c["causal_block"] for k in ("attention_fwd", "attention_bwd") for c in kc[k].values()) >= 256
 
 
 def test_measure_steps_carry_curves_of_the_collection_operators(tmp_path):
@@ -257,3 +259,33 @@ def test_curves_command_names_a_bad_data_set(tmp_path, capsys):
 
     assert main([str(tmp_path)]) == 2
     assert "manifest" in capsys.readouterr().err
+
+
+def test_fit_finds_the_causal_block_of_its_attention_records():
+    # a causal kernel that skips 512-key blocks (PyTorch's CPU flash attention splits keys in 512s): up to 512
+    # keys it does all the work, at 1024 three quarters, at 2048 five eighths; non-causal always all of it
+    block = 512
+    records = [r for r in _op_records(CPU_LIKE) if r["kind"] == "attention" and r["direction"] == "fwd"]
+    causal = []
+    for r in records:
+        s = json.loads(r["shape"])[2]
+        nb = -(-s // block)
+        share = (nb + 1) / (2 * nb)
+        t = _truth(CURVES["attention_fwd"]["bf16"], tuple(json.loads(r["shape"])[2:5]), r["flops"] * share)
+        causal.append({**r, "params": '{"causal":true}', "time_ms": t * 1e3})
+    curves, report = fit_device_curves(records + causal)
+    got = curves["kernel_curves"]["attention_fwd"]["bf16"]
+    assert got["causal_block"] == block
+    assert got["tflops"] == pytest.approx(CURVES["attention_fwd"]["bf16"]["tflops"], rel=0.02)
+    assert report["fits"]["attention_fwd.bf16"]["mean_abs_log_error"] < 0.01
+    # the cost model skips the blocks the curve says: a causal 1024-key attention costs 3/4 of a full one
+    dev = {**CPU_LIKE, "kernel_curves": {"attention_fwd": {"bf16": got}}}
+    shape = (1, 4, 1024, 1024, 128)
+    flops = 4.0 * 4 * 1024 * 1024 * 128
+    full = Op("sdpa", "attention", "fwd", flops, 1.0, "bf16", shape)
+    half = Op("sdpa", "attention", "fwd", flops, 1.0, "bf16", shape, None, True)
+    over = got["overhead_us"] * 1e-6
+    assert _cost(dev).compute_time_s(half) - over == pytest.approx(0.75 * (_cost(dev).compute_time_s(full) - over),
+                                                                  rel=1e-9)
+    with pytest.raises(SpecError, match=r"kernel_curves\.attention_fwd\.bf16\.causal_block"):
+        DeviceSpec.parse({**CPU_LIKE, "kernel_curves": {"attention_fwd": {"bf16": {**got, "causal_block": 0}}}})

@@ -131,13 +131,13 @@ class RooflineCost(CostModel):
             return rate.overhead_us * 1e-6 + op.shape[0] * rate.ns_per_param * 1e-9
         if d.kernel_curves is None or op.kind not in ("matmul", "attention"):
             return None
-        if op.kind == "matmul":
-            curve, dims, flops = d.curve("matmul", op.dtype), op.shape[1:4], op.flops
-        else:
-            kernel = "attention_bwd" if op.phase == "bwd" else "attention_fwd"
-            curve, dims, flops = d.curve(kernel, op.dtype), op.shape[2:5], attention_flops(op, self.p.tile_n)
+        matmul = op.kind == "matmul"
+        curve = d.curve("matmul" if matmul else "attention_bwd" if op.phase == "bwd" else "attention_fwd", op.dtype)
         if curve is None:
             return None
+        # a causal attention skips whole key blocks: the device's measured block, else the cost model's tile
+        dims, flops = ((op.shape[1:4], op.flops) if matmul else
+                       (op.shape[2:5], attention_flops(op, curve.causal_block or self.p.tile_n)))
         # η: the share of an isolated kernel's rate kept inside a step, the same for attention as
         # for GEMMs (both measured the same way); the memory bound still holds below the curve
         _peak, eff = self._peak_flops(op.dtype, "matmul")

@@ -4,7 +4,8 @@
 ``kernel_curves`` and ``optimizer_step`` of a device descriptor (:mod:`learnedperf.cost.curves`):
 
 * ``matmul`` per dtype, from the forward GEMMs (linear and bmm);
-* ``attention_fwd`` / ``attention_bwd`` per dtype, from the fused attention records. An isolated
+* ``attention_fwd`` / ``attention_bwd`` per dtype, from the fused attention records, with the key
+  block a causal kernel skips whole (fitted on the causal and non-causal records). An isolated
   backward also pays the autograd engine's start-up, which a training step pays once for its whole
   graph: the backward curve keeps the forward's overhead (its rate and d½ are its own fit);
 * ``adam`` / ``sgd`` from the optimizer-step records over fp32 parameters.
@@ -50,8 +51,6 @@ def fit_device_curves(records: list[dict]) -> tuple[dict, dict]:
         InputError: records of several devices or of several processes.
     """
     from ..cost.curves import fit_kernel_curve, fit_optimizer_rate
-    from ..cost.params import default_params
-    from ..cost.roofline import attention_flops
     from ..graph.ops import Op
 
     rows = [r for r in records if r["kind"] in ("matmul", "attention", "optimizer")]
@@ -60,7 +59,6 @@ def fit_device_curves(records: list[dict]) -> tuple[dict, dict]:
         raise InputError(f"fit_device_curves: records of {len(devices)} devices; fit one device at a time")
     if any(int(r["world_size"]) != 1 for r in rows):
         raise InputError("fit_device_curves: operator records of one process expected")
-    tile_n = default_params().tile_n
     groups: dict[tuple[str, str], list] = {}
     for r in rows:
         shape, dtype = _shape(r["shape"]), r["dtype"]
@@ -70,8 +68,7 @@ def fit_device_curves(records: list[dict]) -> tuple[dict, dict]:
         elif r["kind"] == "attention" and r["direction"] in ("fwd", "bwd"):
             op = Op("sdpa", "attention", r["direction"], float(r["flops"]), float(r["bytes"]), dtype, shape,
                     causal=bool(_params(r["params"]).get("causal", False)))
-            groups.setdefault((f"attention_{r['direction']}", dtype), []).append(
-                (shape[2:5], attention_flops(op, tile_n), t))
+            groups.setdefault((f"attention_{r['direction']}", dtype), []).append((shape[2:5], op, t))
         elif r["kind"] == "optimizer" and _params(r["params"]).get("precision", "fp32") == "fp32":
             name = {"adamw": "adam", "adam": "adam", "sgd": "sgd"}.get(r["op"])
             if name:
@@ -87,9 +84,13 @@ def fit_device_curves(records: list[dict]) -> tuple[dict, dict]:
         if kernel == "optimizer":
             fit = fit_optimizer_rate([p[0] for p in points], [p[1] for p in points])
             optimizer_step[key] = {"ns_per_param": fit["ns_per_param"], "overhead_us": fit["overhead_us"]}
-        else:
+        elif kernel == "matmul":
             fit = fit_kernel_curve([p[0] for p in points], [p[1] for p in points], [p[2] for p in points])
             kernel_curves.setdefault(kernel, {})[key] = {k: fit[k] for k in ("tflops", "overhead_us", "dim_half")}
+        else:
+            fit = _fit_attention(points)
+            kernel_curves.setdefault(kernel, {})[key] = {k: fit[k] for k in ("tflops", "overhead_us", "dim_half",
+                                                                              "causal_block")}
         report["fits"][label] = {"mean_abs_log_error": fit["mean_abs_log_error"], "timings": fit["timings"],
                                  "curve": dict(optimizer_step[key] if kernel == "optimizer"
                                                else kernel_curves[kernel][key])}
@@ -106,6 +107,31 @@ def fit_device_curves(records: list[dict]) -> tuple[dict, dict]:
     curves = {"kernel_curves": kernel_curves, "optimizer_step": optimizer_step,
               "device": json.loads(devices.pop()) if devices else None}
     return curves, report
+
+
+#: Candidate key blocks of a causal attention kernel (:func:`_fit_attention`): FlashAttention's tiles on
+#: GPUs, PyTorch's CPU kernel's key split (512 keys from 512-key sequences on).
+CAUSAL_BLOCKS = (64, 128, 256, 512, 1024, 2048, 4096)
+
+
+def _fit_attention(points: list) -> dict:
+    """The kernel curve of (dims, op, seconds) attention timings, with the causal key block that fits best.
+
+    A causal kernel skips the key blocks above the diagonal (:func:`~learnedperf.cost.roofline.attention_flops`);
+    how many depends on the kernel's block, which the causal and non-causal timings of the same shapes
+    tell apart. Each candidate of :data:`CAUSAL_BLOCKS` is fitted; the lowest mean |log error| wins, and
+    among equal ones the smallest block (blocks beyond the longest timed sequence cannot be told apart).
+    """
+    from ..cost.curves import fit_kernel_curve
+    from ..cost.roofline import attention_flops
+
+    best = None
+    for block in CAUSAL_BLOCKS:
+        fit = fit_kernel_curve([p[0] for p in points], [attention_flops(p[1], block) for p in points],
+                               [p[2] for p in points])
+        if best is None or fit["mean_abs_log_error"] < best["mean_abs_log_error"] - 1e-12:
+            best = {**fit, "causal_block": block}
+    return best
 
 
 def with_curves(descriptor: dict, curves: dict, source: str) -> dict:
@@ -126,7 +152,9 @@ def with_curves(descriptor: dict, curves: dict, source: str) -> dict:
                 continue  # this descriptor has no such math measured: no curve either
             kernel_curves.setdefault(kernel, {})[dtype] = {"tflops": round(c["tflops"] * mine / theirs, 6),
                                                            "overhead_us": round(c["overhead_us"], 3),
-                                                           "dim_half": round(c["dim_half"], 3)}
+                                                           "dim_half": round(c["dim_half"], 3),
+                                                           **({"causal_block": int(c["causal_block"])}
+                                                              if c.get("causal_block") else {})}
     scale_bw = base["memory_bandwidth_GBps"] / descriptor["memory_bandwidth_GBps"]
     optimizer_step = {k: {"ns_per_param": round(v["ns_per_param"] * scale_bw, 6),
                           "overhead_us": round(v["overhead_us"], 3)}
@@ -208,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
         for label, fit in report["fits"].items():
             c = fit["curve"]
             what = (f"{c['ns_per_param']:.3g} ns/param" if "ns_per_param" in c else
-                    f"{c['tflops']:.3g} TFLOP/s, d½ {c['dim_half']:.3g}")
+                    f"{c['tflops']:.3g} TFLOP/s, d½ {c['dim_half']:.3g}"
+                    + (f", causal block {c['causal_block']}" if c.get("causal_block") else ""))
             print(f"  {label:<20} {what}, overhead {c['overhead_us']:.3g} us "
                   f"(mean |log error| {fit['mean_abs_log_error']:.3f} over {fit['timings']} timings)")
     return 0

@@ -51,6 +51,10 @@ class KernelCurve(Spec):
     tflops: float = Field(gt=0, le=1e5, description="rate of large ops, TFLOP/s")
     overhead_us: float = Field(ge=0, le=1e6, description="fixed time of one call, µs")
     dim_half: float = Field(ge=0, le=1e6, description="dimension at which the rate halves")
+    causal_block: Optional[int] = Field(
+        default=None, ge=1, le=1 << 20,
+        description="attention only: keys per block that a causal kernel skips whole above the diagonal "
+                    "(fitted on causal and non-causal timings); left out = the cost model's tile")
 
 
 class OptimizerRate(Spec):
