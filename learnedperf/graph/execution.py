@@ -43,8 +43,14 @@ class Chunk:
     params: float  # parameters held (after tensor/expert sharding, before ZeRO)
     dense_params: float  # of which reduced over dp·cp
     expert_params: float  # of which reduced over the expert-data-parallel group
-    layer_params: float  # parameters of one layer (for FSDP gathers)
+    layer_params: float  # parameters of one dense layer (the gathered buffers of ZeRO-3 memory)
     root_params: float = 0.0  # of ``params``, those outside the layers (embedding, final norm, LM head)
+
+    @property
+    def params_per_layer(self) -> float:
+        """The chunk's parameters outside its root, per layer (dense and MoE layers averaged): what
+        ZeRO-3/FSDP gather and reduce-scatter for one layer."""
+        return (self.params - self.root_params) / max(1, self.num_layers)
 
 
 @dataclass

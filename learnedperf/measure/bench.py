@@ -701,6 +701,33 @@ def bench_collectives(world_size: int, sizes_bytes: Iterable[int], backend: Opti
 STREAM_MATMULS, STREAM_HIDDEN = 3, 256
 
 
+def _matmuls(torch, device: str) -> Callable[[int], None]:
+    """``run(k)``: k fp32 matmuls of the in-stream benchmark's shape (the computation of the in-stream
+    and overlap benchmarks)."""
+    a = torch.randn(128, STREAM_HIDDEN, device=device)
+    w = torch.randn(STREAM_HIDDEN, 2 * STREAM_HIDDEN, device=device)
+
+    def run(k: int) -> None:
+        for _ in range(k):
+            a @ w
+    return run
+
+
+def _barrier_timed(dist, sync, fn: Callable[[], Any]) -> float:
+    """Seconds of ``fn()`` started by every rank together after a barrier (device work included)."""
+    dist.barrier()
+    sync()
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    return time.perf_counter() - t0
+
+
+def _slowest(per_rank: Iterable[list[float]]) -> list[float]:
+    """Per loop, the slowest rank's time: ``per_rank`` holds each rank's times, loop by loop."""
+    return [max(times) for times in zip(*per_rank)]
+
+
 def _in_stream_worker(rank: int, world_size: int, store_path: str, backend: str, sizes: tuple, loops: int,
                       target_loop_s: float, threads: int, timeout_s: float, queue) -> None:
     """Entry of one in-stream benchmark rank: puts ``(rank, "ok", {size: (bytes, calls, [mix_s], [comp_s])})``.
@@ -711,23 +738,15 @@ def _in_stream_worker(rank: int, world_size: int, store_path: str, backend: str,
     """
     try:
         with _process_group(rank, world_size, store_path, backend, threads, timeout_s) as (torch, dist, device, sync):
-            a = torch.randn(128, STREAM_HIDDEN, device=device)
-            w = torch.randn(STREAM_HIDDEN, 2 * STREAM_HIDDEN, device=device)
-
-            def compute() -> None:
-                for _ in range(STREAM_MATMULS):
-                    a @ w
+            matmuls = _matmuls(torch, device)
 
             def loop(calls: int, collective) -> float:
                 """Seconds of ``calls`` × (compute; ``collective``), started together after a barrier."""
-                dist.barrier()
-                sync()
-                t0 = time.perf_counter()
-                for _ in range(calls):
-                    compute()
-                    collective()
-                sync()
-                return time.perf_counter() - t0
+                def run() -> None:
+                    for _ in range(calls):
+                        matmuls(STREAM_MATMULS)
+                        collective()
+                return _barrier_timed(dist, sync, run)
 
             out: dict = {}
             for size in sizes:
@@ -779,8 +798,8 @@ def bench_in_stream(world_size: int, sizes_bytes: Iterable[int], backend: Option
     out = []
     for size in sizes:
         nbytes, calls = results[0][size][0], results[0][size][1]
-        mix = [max(results[r][size][2][i] for r in range(world_size)) for i in range(loops)]
-        comp = [max(results[r][size][3][i] for r in range(world_size)) for i in range(loops)]
+        mix = _slowest(results[r][size][2] for r in range(world_size))
+        comp = _slowest(results[r][size][3] for r in range(world_size))
         costs = [(m - c) / calls * 1e3 for m, c in zip(mix, comp)]
         out.append({"world_size": world_size, "bytes": nbytes, "calls": calls,
                     "cost_ms": statistics.median(costs), "loop_costs_ms": [round(c, 6) for c in costs],
@@ -800,24 +819,14 @@ def _overlap_worker(rank: int, world_size: int, store_path: str, backend: str, n
     each as seconds per repetition."""
     try:
         with _process_group(rank, world_size, store_path, backend, threads, timeout_s) as (torch, dist, device, sync):
-            a = torch.randn(128, STREAM_HIDDEN, device=device)
-            w = torch.randn(STREAM_HIDDEN, 2 * STREAM_HIDDEN, device=device)
+            matmuls = _matmuls(torch, device)
             buf = torch.ones(max(1, nbytes // 4), device=device)
 
             def timed(fn) -> float:
-                dist.barrier()
-                sync()
-                t0 = time.perf_counter()
-                fn()
-                sync()
-                return time.perf_counter() - t0
+                return _barrier_timed(dist, sync, fn)
 
             def comm() -> None:
                 dist.all_reduce(buf)
-
-            def matmuls(k: int) -> None:
-                for _ in range(k):
-                    a @ w
 
             timed(comm)  # warm-up
             matmuls(20)
@@ -881,8 +890,7 @@ def bench_overlap(world_size: int, nbytes: int = OVERLAP_BYTES, backend: Optiona
     backend = _resolve_backend(backend)
     results = _run_group(_overlap_worker, world_size, backend, (nbytes, loops, reps, threads), timeout_s,
                          "bench_overlap")
-    slowest = {k: [max(results[r][k][i] for r in range(world_size)) for i in range(loops)]
-               for k in ("comp", "comm", "both")}
+    slowest = {k: _slowest(results[r][k] for r in range(world_size)) for k in ("comp", "comm", "both")}
     overlaps = [min(1.0, max(0.0, (c + m - b) / min(c, m)))
                 for c, m, b in zip(slowest["comp"], slowest["comm"], slowest["both"])]
     return {"world_size": world_size, "bytes": nbytes, "matmuls": results[0]["matmuls"],

@@ -125,10 +125,13 @@ def _fit_attention(points: list) -> dict:
     from ..cost.curves import fit_kernel_curve
     from ..cost.roofline import attention_flops
 
-    best = None
+    best, tried = None, set()
     for block in CAUSAL_BLOCKS:
-        fit = fit_kernel_curve([p[0] for p in points], [attention_flops(p[1], block) for p in points],
-                               [p[2] for p in points])
+        flops = tuple(attention_flops(p[1], block) for p in points)
+        if flops in tried:  # a block past every timed sequence: the same data as a smaller one, no refit
+            continue
+        tried.add(flops)
+        fit = fit_kernel_curve([p[0] for p in points], flops, [p[2] for p in points])
         if best is None or fit["mean_abs_log_error"] < best["mean_abs_log_error"] - 1e-12:
             best = {**fit, "causal_block": block}
     return best

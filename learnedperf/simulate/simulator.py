@@ -354,9 +354,6 @@ class _Builder:
                               eg.dp_group, s.precision)
                     param_gather[c.vstage] = self.collective(dp_streams[st.index], st.index, op, (), "dp_comm")
 
-        def per_layer_params(chunk: Chunk) -> float:
-            return (chunk.params - chunk.root_params) / max(1, chunk.num_layers)
-
         # Build in a global order that respects cross-stage deps: iterate schedules round-robin by position
         pending = {st.index: list(st.schedule) for st in eg.stages}
         ptr = {i: 0 for i in pending}
@@ -383,7 +380,7 @@ class _Builder:
                         for u, (layers, (comp, lat, intra, inter)) in enumerate(units):
                             d = list(deps) if u == 0 else [done[-1]]
                             if per_layer:
-                                g, copy_s = self.layer_gather(gather_streams[i], i, per_layer_params(chunk),
+                                g, copy_s = self.layer_gather(gather_streams[i], i, chunk.params_per_layer,
                                                               chunk.root_params if u == 0 else 0.0, layers, done,
                                                               f"chunk{vs}.fsdp_allgather.f{mb}.{u}")
                                 d.append(g)
@@ -412,7 +409,7 @@ class _Builder:
                         for u, (layers, (comp, lat, intra, inter)) in enumerate(units):
                             d = list(deps) if u == 0 else [done[-1]]
                             if per_layer:
-                                body = per_layer_params(chunk)
+                                body = chunk.params_per_layer
                                 root = chunk.root_params if u == len(units) - 1 else 0.0
                                 if gather_bwd:
                                     # FSDP keeps its root's parameters gathered from forward to backward
