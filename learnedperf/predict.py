@@ -497,7 +497,7 @@ def enumerate_strategies(model: Any, hw: Any, constraints: Optional[dict] = None
     ``max_tp``), pp (divisors of the devices left, at most the layers), cp, dp (the rest),
     ep (MoE), micro-batch size (dividing the batch per data-parallel rank), schedule and
     virtual stages, recomputation, ZeRO stage and sequence parallelism. Strategies the run
-    validation rejects (e.g. interleaving that does not divide the layers) are counted by the
+    validation rejects (e.g. interleaving whose micro-batches are not a multiple of pp) are counted by the
     caller as invalid, not hidden.
 
     Raises:

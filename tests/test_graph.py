@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from conftest import GPT_SMALL, LLAMA_GQA, make_run
-from learnedperf.graph.execution import (Group, compile_run, group_placement, schedule_1f1b, schedule_gpipe,
-                                         schedule_interleaved)
+from learnedperf.graph.execution import (Group, _layers_per_vstage, chunk_layout, compile_run, group_placement,
+                                         schedule_1f1b, schedule_gpipe, schedule_interleaved)
 from learnedperf.graph.transformer import operator_graph
 from learnedperf.simulate.memory import in_flight_microbatches
 from learnedperf.specs import ModelSpec
@@ -209,6 +209,26 @@ def test_compiled_schedule_matches_strategy():
     assert sum(c.num_layers for st in eg.stages for c in st.chunks) == GPT_SMALL["num_layers"]
     for st in eg.stages:
         assert [c.vstage for c in st.chunks] == [st.index, st.index + 2]
+
+
+def test_uneven_layers_spare_the_first_and_last_stage():
+    # Llama Team 2024 (arXiv 2407.21783) §3.3.2: Llama 3 405B's 126 layers on 16 pipeline ranks, one layer
+    # fewer on the first and the last stage than on the 14 others (8 each)
+    llama405 = dict(LLAMA_GQA, num_layers=126)
+    for v in (1, 2):
+        run = make_run(llama405, num_devices=16, pp=16, global_batch_size=32,
+                       pipeline_schedule="interleaved" if v > 1 else "1f1b", virtual_pipeline_stages=v)
+        layout = chunk_layout(run)
+        per_rank = [sum(c.num_layers for c in layout[r::16]) for r in range(16)]
+        assert per_rank == [7] + [8] * 14 + [7]
+        # within a rank the spare layer goes to the chunk away from the embedding / LM head
+        assert [layout[0].num_layers, layout[-1].num_layers] == ([7, 7] if v == 1 else [3, 3])
+        eg = compile_run(run)
+        assert [sum(c.num_layers for c in st.chunks) for st in eg.stages] == per_rank
+    # layers that divide stay even; without interleaving the rule is the middle stages' (as before)
+    assert _layers_per_vstage(16, 4, 2) == [2] * 8
+    assert _layers_per_vstage(30, 4) == [7, 8, 8, 7]
+    assert _layers_per_vstage(18, 4, 2) == [2, 2, 3, 2, 2, 3, 2, 2]
 
 
 # ----------------------------------------------------------------------------- group placement

@@ -65,6 +65,26 @@ def test_interleaved_bubble_shrinks_by_v(p, v, m):
     assert frac < plain
 
 
+def test_uneven_interleaved_pipeline_is_bound_by_its_heaviest_rank():
+    # 18 layers on 4 ranks × 2 chunks: ranks of 4, 5, 5, 4 layers, chunks of 2 or 3. Each layer costs w per
+    # micro-batch (forward + backward, from one device); the heaviest rank does m·5·w, and the warm-up and
+    # cool-down add at most p-1 chunk units of the largest chunk (3 w)
+    p, v, m = 4, 2, 8
+    model = dict(UNIFORM, num_layers=18)
+
+    def pipelined(run):
+        r = simulate(run, cost=roofline(run, FREE_COMM_PARAMS), exact=True)
+        return r.iteration_time_s - r.breakdown_s["optimizer"]
+
+    w = pipelined(make_run(model, num_devices=1, global_batch_size=m)) / (m * 18)
+    t = pipelined(make_run(model, num_devices=p, pp=p, global_batch_size=m, pipeline_schedule="interleaved",
+                           virtual_pipeline_stages=v))
+    assert m * 5 * w * (1 - BUBBLE_REL) <= t <= (m * 5 + (p - 1) * 3) * w * (1 + BUBBLE_REL)
+    # and it is slower than the even 16-layer split's closed form (p-1)/v units of 4 layers
+    even = (m + (p - 1) / v) * 4 * w
+    assert t > even * (1 + BUBBLE_REL)
+
+
 # ----------------------------------------------------------------------------- exact sums
 @pytest.mark.parametrize("m,exact", [(1, False), (8, False), (8, True)])
 def test_single_device_time_is_sum_of_op_costs(m, exact):

@@ -144,15 +144,31 @@ def schedule_interleaved(p: int, v: int, m: int, stage: int) -> list[tuple[str, 
     return order
 
 
-def _layers_per_vstage(num_layers: int, n: int) -> list[int]:
-    base, extra = divmod(num_layers, n)
-    counts = [base] * n
-    if not extra:
-        return counts
-    # spare layers go to the middle virtual stages: the first holds the embedding, the last the LM head
-    order = sorted(range(n), key=lambda i: abs(i - (n - 1) / 2))
-    for i in order[:extra]:
+def _spread(total: int, slots: list[int], centre: float) -> dict[int, int]:
+    """``total`` layers over ``slots`` (virtual-stage indices): evenly, the spare ones to the slots
+    closest to ``centre`` (ties to the earlier slot)."""
+    base, extra = divmod(total, len(slots))
+    counts = dict.fromkeys(slots, base)
+    for i in sorted(slots, key=lambda i: (abs(i - centre), i))[:extra]:
         counts[i] += 1
+    return counts
+
+
+def _layers_per_vstage(num_layers: int, pp: int, v: int = 1) -> list[int]:
+    """Layers of each of the ``pp·v`` virtual stages, in virtual-stage order.
+
+    Layers that do not divide go to the middle: first over the pipeline *ranks* (the first holds the
+    embedding, the last the LM head), then, within a rank, to its chunks nearest the model's middle.
+    Llama 3 405B's 126 layers on 16 ranks × 2 chunks give ranks of 7, 8, …, 8, 7 layers, the first and
+    last chunk 3 (Llama Team 2024, arXiv 2407.21783, section 3.3.2: one layer fewer on the first and
+    the last stage).
+    """
+    n = pp * v
+    per_rank = _spread(num_layers, list(range(pp)), (pp - 1) / 2)
+    counts = [0] * n
+    for rank in range(pp):
+        for vs, c in _spread(per_rank[rank], list(range(rank, n, pp)), (n - 1) / 2).items():
+            counts[vs] = c
     return counts
 
 
@@ -198,7 +214,7 @@ def chunk_layout(run: RunSpec) -> list[ChunkLayout]:
     """
     model, s = run.model, run.strategy
     tp, n_v = s.tp, s.pp * s.virtual_pipeline_stages
-    counts = _layers_per_vstage(model.num_layers, n_v)
+    counts = _layers_per_vstage(model.num_layers, s.pp, s.virtual_pipeline_stages)
     h, V = model.hidden_size, model.vocab_size
     dense_layer_params = model.layer_params(False) / tp
     moe_attn_params = (model.layer_params(False) - model.mlp_matrices * h * model.ffn_hidden_size) / tp

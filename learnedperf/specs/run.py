@@ -171,11 +171,10 @@ def _complete_strategy(model: ModelSpec, hw: HardwareSpec, s: Strategy) -> Strat
     if model.num_layers < s.pp * v:
         raise SpecError("strategy.pp", f"pp·virtual_pipeline_stages = {s.pp * v} exceeds "
                                        f"num_layers = {model.num_layers}")
+    # layers that do not divide over pp·v go to the middle virtual stages (graph.execution.chunk_layout):
+    # the first and last stages, which hold the embedding and the LM head, get fewer, as Llama 3 405B's
+    # 126 layers over 16 stages did (Llama Team 2024, arXiv 2407.21783, section 3.3.2)
     if v > 1:
-        if model.num_layers % (s.pp * v):
-            raise SpecError("strategy.virtual_pipeline_stages",
-                            f"num_layers={model.num_layers} is not divisible by pp·virtual_pipeline_stages="
-                            f"{s.pp * v}")
         if m % s.pp:
             raise SpecError("strategy.global_batch_size",
                             f"the interleaved schedule needs the number of micro-batches ({m}) "
