@@ -126,10 +126,16 @@ AMENDMENTS = {"autocast": amend_autocast, "busbw": amend_busbw, "fsdp": amend_fs
 
 def main(argv: list[str]) -> int:
     """Apply one amendment to every directory named on the command line."""
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__.strip())
+        return 0
     if len(argv) < 2 or argv[0] not in AMENDMENTS:
         print(__doc__.strip().splitlines()[-1], file=sys.stderr)
         return 2
     for d in argv[1:]:
+        if not Path(d).is_dir():
+            print(f"{d}: not a data set directory", file=sys.stderr)
+            return 2
         n = AMENDMENTS[argv[0]](Path(d), f"python experiments/amend_records.py {argv[0]} {Path(d).as_posix()}")
         print(f"{d}: {n} rows changed")
     return 0

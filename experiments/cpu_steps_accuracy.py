@@ -129,6 +129,13 @@ def report(rows: list[dict]) -> None:
 
 def main(argv: list[str]) -> int:
     t0 = time.perf_counter()
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__.strip())
+        return 0
+    missing = [a for a in argv if not Path(a).is_dir()]
+    if missing:
+        print(f"not a data set directory: {', '.join(missing)}", file=sys.stderr)
+        return 2
     dirs = [Path(a) for a in argv] or sorted(
         p for p in (ROOT / "datasets" / "measured").glob("*")
         if any(p.glob("ops*.parquet")) and any(p.glob("steps*.parquet")))
