@@ -160,8 +160,8 @@ def test_interleaved_schedule_accepted_when_consistent():
 
 
 def test_interleaved_schedule_accepts_layers_that_do_not_divide():
-    # Megatron-LM and Llama 3 405B (126 layers on 16 stages) pipeline uneven layer counts; the spare
-    # layers' placement is graph.execution's (tests/test_graph.py)
+    # Llama 3 405B's 126 layers were pipelined unevenly over 16 interleaved stages; where the spare
+    # layers go is graph.execution's (tests/test_graph.py)
     spec = RunSpec.from_dict(run(dict(GPT_SMALL, num_layers=30), hw(8, 8), pp=2, global_batch_size=8,
                                  pipeline_schedule="interleaved", virtual_pipeline_stages=4))
     assert spec.model.num_layers == 30 and spec.strategy.virtual_pipeline_stages == 4

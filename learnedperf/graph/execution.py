@@ -145,8 +145,8 @@ def schedule_interleaved(p: int, v: int, m: int, stage: int) -> list[tuple[str, 
 
 
 def _spread(total: int, slots: list[int], centre: float) -> dict[int, int]:
-    """``total`` layers over ``slots`` (virtual-stage indices): evenly, the spare ones to the slots
-    closest to ``centre`` (ties to the earlier slot)."""
+    """``total`` layers over ``slots`` (rank or virtual-stage indices): evenly, the spare ones to the
+    slots closest to ``centre`` (ties to the earlier slot)."""
     base, extra = divmod(total, len(slots))
     counts = dict.fromkeys(slots, base)
     for i in sorted(slots, key=lambda i: (abs(i - centre), i))[:extra]:

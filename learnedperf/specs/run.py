@@ -171,9 +171,9 @@ def _complete_strategy(model: ModelSpec, hw: HardwareSpec, s: Strategy) -> Strat
     if model.num_layers < s.pp * v:
         raise SpecError("strategy.pp", f"pp·virtual_pipeline_stages = {s.pp * v} exceeds "
                                        f"num_layers = {model.num_layers}")
-    # layers that do not divide over pp·v go to the middle virtual stages (graph.execution.chunk_layout):
-    # the first and last stages, which hold the embedding and the LM head, get fewer, as Llama 3 405B's
-    # 126 layers over 16 stages did (Llama Team 2024, arXiv 2407.21783, section 3.3.2)
+    # layers that do not divide over pp·v go to the middle ranks (graph.execution.chunk_layout): the
+    # first and last, which hold the embedding and the LM head, get fewer, as Llama 3 405B's 126 layers
+    # over 16 stages did (Llama Team 2024, arXiv 2407.21783, section 3.3.2)
     if v > 1:
         if m % s.pp:
             raise SpecError("strategy.global_batch_size",
