@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Callable
 
 
-def amend_steps(directory: Path, change: Callable[[dict], bool], command: str, what: str,
+def amend_steps(directory: Path, change: Callable[[dict], None], command: str, what: str,
                 manifest: dict | None = None, kind: Callable[[dict, str], str] | None = None) -> int:
-    """Apply ``change`` (edits a run dict in place, returns whether it changed it) to the run of every
+    """Apply ``change`` (edits a run dict in place; a run whose id stays the same is unchanged) to the run of every
     step record of ``directory`` through :func:`learnedperf.measure.records.amend_steps`, which rewrites
     the changed files and the manifest (``manifest``: an already edited manifest to write, default the
     verified one on disk; ``kind``: the new ``strategy_kind`` of a run and its old one); an amendment that
@@ -48,17 +48,14 @@ def amend_steps(directory: Path, change: Callable[[dict], bool], command: str, w
               kind=kind)
     if n:
         verify_manifest(directory)
-    print(f"{directory}: {n} step records amended")
     return n
 
 
-def mark_autocast(run: dict) -> bool:
+def mark_autocast(run: dict) -> None:
     """Add ``mixed_precision: autocast`` to a bf16 step that does not say how it ran."""
     s = run.get("strategy", {})
     if s.get("precision") == "bf16" and "mixed_precision" not in s:
         s["mixed_precision"] = "autocast"
-        return True
-    return False
 
 
 def amend_autocast(directory: Path, command: str) -> int:
@@ -90,13 +87,11 @@ def amend_busbw(directory: Path, command: str) -> int:
                 by_link[(link["intra_node_bandwidth_GBps"], link["intra_node_latency_us"])] = ratios
                 print(f"{directory.name}: {w} processes ({device}): {ratios}")
 
-    def add_ratios(run: dict) -> bool:
+    def add_ratios(run: dict) -> None:
         hw = run.get("hardware", {})
         ratios = by_link.get((hw.get("intra_node_bandwidth_GBps"), hw.get("intra_node_latency_us")))
         if hw.get("num_devices", 1) > 1 and ratios and "collective_busbw_ratio" not in hw:
             hw["collective_busbw_ratio"] = ratios
-            return True
-        return False
 
     return amend_steps(directory, add_ratios, command,
                        "multi-process steps: added hardware.collective_busbw_ratio, fitted on the collection's "
@@ -104,13 +99,11 @@ def amend_busbw(directory: Path, command: str) -> int:
                        "links), and recomputed run_id; measured values unchanged", manifest)
 
 
-def mark_fsdp(run: dict) -> bool:
+def mark_fsdp(run: dict) -> None:
     """Add ``fsdp: true`` to a ZeRO-2 step that does not say it ran on FSDP."""
     s = run.get("strategy", {})
     if s.get("zero_stage") == 2 and not s.get("fsdp"):
         s["fsdp"] = True
-        return True
-    return False
 
 
 def amend_fsdp(directory: Path, command: str) -> int:

@@ -320,11 +320,12 @@ def compile_run(run: RunSpec, num_microbatches: int | None = None) -> ExecutionG
             for ops, rep in reversed(fwd):
                 key = id(ops)
                 if key not in bwd_memo:  # identical layers share one backward list (and its cost cache)
-                    # Megatron recomputes transformer layers only, never the embedding or the LM head
-                    layer = ops is dense_layer_fwd or ops is moe_layer_fwd
-                    bwd_memo[key] = ((recompute_ops(ops, s.recompute) if layer else []) + backward_of(ops)
-                                     if ops is not emb else
-                                     embedding_backward(model, sh, model.tie_embeddings and n_v == 1))
+                    if ops is emb:
+                        bwd_memo[key] = embedding_backward(model, sh, model.tie_embeddings and n_v == 1)
+                    else:
+                        # Megatron recomputes transformer layers only, never the embedding or the LM head
+                        layer = ops is dense_layer_fwd or ops is moe_layer_fwd
+                        bwd_memo[key] = (recompute_ops(ops, s.recompute) if layer else []) + backward_of(ops)
                 bwd.append((bwd_memo[key], rep))
             chunks.append(Chunk(vs, cl.num_layers, fwd, bwd, cl.dense_params + cl.expert_params, cl.dense_params,
                                 cl.expert_params, cl.layer_params, cl.root_params))

@@ -242,7 +242,7 @@ def _step_devices(descriptors: dict, op_records: Optional[list], op_file: Path,
     """The steps' device descriptors, with the kernel curves fitted on the operator records of this
     collection (``op_records``) or, when it timed none, of the directory's earlier ``op_file``.
     Returns the descriptors and the fit report (None when there were no operator records)."""
-    from .curves import fit_device_curves, with_curves
+    from .curves import fit_device_curves, single_process_compute, with_curves
 
     if op_records is None and op_file.exists():
         import pandas as pd
@@ -251,7 +251,7 @@ def _step_devices(descriptors: dict, op_records: Optional[list], op_file: Path,
         where = f"the operator records of {op_file.name} (an earlier collection)"
     else:
         where = "the operator records of this collection"
-    single = [r for r in op_records or [] if int(r["world_size"]) == 1 and r["direction"] != "comm"]
+    single = single_process_compute(op_records or [])
     if not single:
         log("measure: no operator records: the steps' device descriptors carry no kernel curves")
         return dict(descriptors), None

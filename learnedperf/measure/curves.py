@@ -36,6 +36,11 @@ def _params(value) -> dict:
     return (json.loads(value) if isinstance(value, str) else value) or {}
 
 
+def single_process_compute(records: list[dict]) -> list[dict]:
+    """The operator records :func:`fit_device_curves` takes: one process, no collective."""
+    return [r for r in records if int(r["world_size"]) == 1 and r["direction"] != "comm"]
+
+
 def fit_device_curves(records: list[dict]) -> tuple[dict, dict]:
     """Fit kernel curves and optimizer rates on one device's operator records.
 
@@ -197,8 +202,7 @@ def attach_curves(directory: str | Path, command: str = "") -> dict:
     if not op_files or not any(directory.glob("steps*.parquet")):
         raise InputError(f"{directory}: needs operator (ops*.parquet) and step (steps*.parquet) records")
     ops = pd.concat([pd.read_parquet(f) for f in op_files], ignore_index=True)
-    compute = ops[(ops.world_size == 1) & (ops.direction != "comm")]
-    curves, report = fit_device_curves(compute.to_dict("records"))
+    curves, report = fit_device_curves(single_process_compute(ops.to_dict("records")))
     if not curves["kernel_curves"] and not curves["optimizer_step"]:
         raise InputError(f"{directory}: no curve could be fitted ({report['left_out']})")
     # no date here: amending twice gives the same runs (and run ids); the manifest dates the amendment

@@ -13,6 +13,7 @@ from typing import Any, Optional
 from pydantic import Field, model_validator
 
 from ..errors import SpecError
+from ..units import PRECISIONS
 from ._base import FieldValueError, Spec, key_text
 
 
@@ -27,7 +28,7 @@ class PeakTflops(Spec):
 
     def get(self, precision: str) -> Optional[float]:
         """Peak TFLOP/s of ``precision`` or None when the device has no such math."""
-        if precision not in ("fp32", "tf32", "bf16", "fp16", "fp8"):
+        if precision not in PRECISIONS:
             raise SpecError("strategy.precision", f"unknown precision {precision!r}")
         return getattr(self, precision)
 
@@ -36,7 +37,6 @@ class PeakTflops(Spec):
 CURVE_KERNELS = ("matmul", "attention_fwd", "attention_bwd")
 #: Optimizers a device may carry a measured step rate for (:class:`OptimizerRate`).
 CURVE_OPTIMIZERS = ("adam", "sgd")
-_CURVE_DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
 
 
 class KernelCurve(Spec):
@@ -101,9 +101,9 @@ class DeviceSpec(Spec):
                 raise FieldValueError(f"kernel_curves.{key_text(kernel)}",
                                       f"unknown kernel (known: {', '.join(CURVE_KERNELS)})")
             for dtype in per_dtype:
-                if dtype not in _CURVE_DTYPES:
+                if dtype not in PRECISIONS:
                     raise FieldValueError(f"kernel_curves.{kernel}.{key_text(dtype)}",
-                                          f"unknown dtype (known: {', '.join(_CURVE_DTYPES)})")
+                                          f"unknown dtype (known: {', '.join(PRECISIONS)})")
         for opt in self.optimizer_step or {}:
             if opt not in CURVE_OPTIMIZERS:
                 raise FieldValueError(f"optimizer_step.{key_text(opt)}",
