@@ -74,6 +74,24 @@ def test_every_sampled_run_is_valid_and_fits_unless_asked():
     assert any(not s.fits_in_memory for s in kept)
 
 
+def test_interleaved_draws_include_layers_that_do_not_divide_over_the_chunks():
+    # Llama 3 405B's layout (126 layers on 16 ranks x 2 chunks) is valid, so the training set must hold
+    # such runs; every chunk still needs at least one layer
+    even = uneven = 0
+    for _i, run in sample_runs(400, seed=SEED):
+        s = run["strategy"]
+        v = s.get("virtual_pipeline_stages", 1)
+        if v == 1:
+            continue
+        layers = RunSpec.from_dict(run).model.num_layers
+        assert layers >= s["pp"] * v
+        if layers % (s["pp"] * v):
+            uneven += 1
+        else:
+            even += 1
+    assert even > 0 and uneven > 0
+
+
 def test_a_simulator_failure_takes_the_next_candidate_of_the_same_index(tmp_path, monkeypatch):
     import learnedperf.simulate as sim_pkg
 

@@ -55,7 +55,7 @@ from typing import Any, Iterator
 
 from ..errors import InputError, LearnedPerfError, SpecError
 
-SAMPLER_VERSION = "2"
+SAMPLER_VERSION = "3"
 """Version of the sampling distribution; a change gives other runs for the same seed."""
 
 FAMILIES = ("gpt", "llama", "bert", "moe")
@@ -78,6 +78,9 @@ _PRECISION_WEIGHTS = {"bf16": 0.45, "fp16": 0.2, "fp8": 0.12, "tf32": 0.1, "fp32
 #: share of bf16/fp16 runs drawn as torch.autocast (PyTorch AMP, FSDP and HuggingFace users) rather than
 #: Megatron/DeepSpeed master weights: a sampling choice for coverage, not a measured share
 _AUTOCAST_SHARE = 0.25
+#: share of interleaved draws kept to chunk counts that divide the layers, where one does: a sampling
+#: choice for coverage (the rest train the uneven layout), not a measured share
+_EVEN_INTERLEAVING_SHARE = 0.6
 _BYTES_PER_PARAM = 18.0  # bf16 weights 2 + fp32 grads 4 + fp32 master 4 + two Adam moments 8 (ZeRO paper §3.1)
 
 
@@ -270,7 +273,12 @@ def _draw_strategy(rng: random.Random, spec_model: Any, device: dict, num_device
     if pp > 1:
         sched = _weighted(rng, {"1f1b": 0.5, "gpipe": 0.2, "interleaved": 0.3})
         if sched == "interleaved":
-            vs = [x for x in (2, 3, 4) if m.num_layers % (pp * x) == 0]
+            # every chunk needs a layer; layers that do not divide over pp·v are laid out as Llama 3 405B's
+            # (graph.execution._layers_per_vstage), but most published interleaved runs divide them evenly
+            vs = [x for x in (2, 3, 4) if m.num_layers >= pp * x]
+            even = [x for x in vs if m.num_layers % (pp * x) == 0]
+            if even and rng.random() < _EVEN_INTERLEAVING_SHARE:
+                vs = even
             if vs:
                 v = rng.choice(vs)
                 s["virtual_pipeline_stages"] = v
