@@ -237,13 +237,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("ingest", help="turn measured runs and profiler traces into records",
                        description="Read run logs (CSV, Parquet, JSON Lines; schema in docs/ingest.md), PyTorch "
-                                   "profiler Chrome traces, or a public data set, validate every row and write "
-                                   "step / operator records with a manifest. A bad row is reported with its file, "
-                                   "line and field.")
-    p.add_argument("files", nargs="*", metavar="FILE", help="run logs (.csv .parquet .jsonl .json) or traces")
+                                   "profiler Chrome traces, published-runs tables (the layout of "
+                                   "shared/data/published/*.csv) or a public data set, validate every row and "
+                                   "write step / operator records with a manifest. A bad row is reported with its "
+                                   "file, line and field.")
+    p.add_argument("files", nargs="*", metavar="FILE",
+                   help="run logs (.csv .parquet .jsonl .json), traces or published-runs tables (.csv)")
     p.add_argument("--out", required=True, metavar="DIR", help="data set directory to write")
-    p.add_argument("--kind", choices=("auto", "runs", "trace"), default="auto",
-                   help="what the files are (auto: a JSON object with traceEvents is a trace)")
+    p.add_argument("--kind", choices=("auto", "runs", "trace", "published"), default="auto",
+                   help="what the files are (auto: a JSON object with traceEvents is a trace, a CSV with "
+                        "gpu_type and num_gpus columns a published-runs table)")
     p.add_argument("--public", action="append", default=[], metavar="NAME",
                    choices=("vtrain", "neusight-ops", "neusight-steps"),
                    help="also ingest a public data set from ../shared/data (repeatable)")
@@ -648,8 +651,25 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
     rejected = 0
     sources: list[dict] = []
     for path in args.files:
-        kind = args.kind if args.kind != "auto" else ("trace" if _looks_like_trace(path) else "runs")
+        kind = args.kind if args.kind != "auto" else (
+            "trace" if _looks_like_trace(path) else "published" if _looks_like_published(path) else "runs")
         try:
+            if kind == "published":
+                from .measure.published import load_published
+
+                got = load_published(path, strict=not args.skip_bad_rows)
+                for where, why in got.skipped:
+                    print(f"learnedperf ingest: rejected: {path}: {where}: {why}", file=sys.stderr)
+                for where, text in got.warnings:
+                    print(f"learnedperf ingest: warning: {path}: {where}: {text}", file=sys.stderr)
+                rejected += len(got.skipped)
+                got_steps = [ing.step_record(m.run, m.iteration_time_ms, source=m.source) for m in got.runs]
+                steps += got_steps
+                sources.append({"file": path, "kind": "published", "step_records": len(got_steps),
+                                "skipped_rows": len(got.skipped), "filled_in": dict(got.assumptions)})
+                print(f"{path}: {len(got_steps)} step records from a published table"
+                      + (f"; filled in: {dict(got.assumptions)}" if got.assumptions else ""), file=sys.stderr)
+                continue
             if kind == "trace":
                 got = ing.ingest_trace(path, device=args.device)
                 ops += got.ops
@@ -716,6 +736,19 @@ def _ingest_argv(args: argparse.Namespace) -> list[str]:
     out += ["--skip-bad-rows"] * args.skip_bad_rows + ([f"--kind {args.kind}"] if args.kind != "auto" else [])
     return out + ([f"--ignore-columns {args.ignore_columns}"] if args.ignore_columns else []) + (
         [f"--device {args.device}"] if args.device else [])
+
+
+def _looks_like_published(path: str) -> bool:
+    """A CSV file whose header has ``gpu_type`` and ``num_gpus``: a published-runs table."""
+    if not path.endswith(".csv"):
+        return False
+    try:
+        with open(path, encoding="utf-8-sig") as fh:
+            header = fh.readline()
+    except (OSError, UnicodeDecodeError):
+        return False  # the run-log reader reports the unreadable file with its reason
+    names = {c.strip().strip('"') for c in header.split(",")}
+    return {"gpu_type", "num_gpus"} <= names
 
 
 def _looks_like_trace(path: str) -> bool:

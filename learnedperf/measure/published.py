@@ -1,0 +1,528 @@
+"""Published training runs — tables transcribed from papers and reports — as measured runs.
+
+A published table states a model, a cluster, a parallel strategy and a throughput, in the
+words of its authors: "A100 SXM4 80GB", "ZeRO-1", "interleaved 1F1B", "fp16 mixed", TFLOP/s
+per GPU counted with the paper's own formula. :func:`load_published` reads such a table in
+the column layout of ``shared/data/published/*.csv`` (:data:`PUBLISHED_COLUMNS`, one row per
+run) and maps each row to the run format with the iteration time it implies, so that any
+number of published runs — other frameworks, devices and scales than the ones the predictor
+learned from — can be predicted and scored (``experiments/published_runs.py``) or ingested as
+training records (``learnedperf ingest --published FILE``).
+
+Nothing is guessed silently. A row that cannot become a run (a GPU the catalog does not know,
+a sharding the run format cannot express, no throughput at all) is skipped with its reason; a
+value the row leaves out and the loader fills in (micro-batch 1, no recompute, the family's
+vocabulary, the SXM form of a GPU named without one, an interleaving depth the paper does not
+give) is counted in :attr:`LoadedPublished.assumptions` and written into the run's ``meta``.
+
+The iteration time is taken, in this order, from ``iteration_time_s``, ``tokens_per_sec_total``,
+``tokens_per_sec_per_gpu`` · GPUs, ``samples_per_sec``, and last from a FLOP rate
+(``tflops_per_gpu``, ``aggregate_pflops``, ``mfu_pct`` or ``hfu_pct`` of the device's data-sheet
+peak) divided into the FLOPs of one iteration counted as Megatron-LM counts them (Narayanan et
+al., SC21, Appendix: ``72·B·s·l·h²·(1 + s/6h + V/16lh)``, every matmul 2·m·n·k, attention in
+full, ×4/3 where the rate counts the recomputed forward), generalised to grouped-query
+attention, gated MLPs and mixture-of-experts by the same matmul count. Which source the time
+came from is in ``meta["target_from"]``.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from ..errors import InputError, LearnedPerfError
+from .public import MeasuredRun
+
+#: Columns of a published-runs table, in the order of ``shared/data/published/*.csv``.
+PUBLISHED_COLUMNS = (
+    "row_id", "source", "source_locator", "model", "params_published", "num_layers", "hidden_size", "num_heads",
+    "num_kv_heads", "ffn_hidden_size", "seq_len", "vocab_size", "gpu_type", "num_gpus", "interconnect", "tp", "pp",
+    "dp", "cp", "sp", "ep", "vpp_or_schedule", "zero_or_fsdp", "micro_batch_size", "global_batch_size_seqs",
+    "global_batch_tokens", "grad_accum", "activation_recompute", "precision", "framework", "tflops_per_gpu",
+    "mfu_pct", "hfu_pct", "tokens_per_sec_per_gpu", "tokens_per_sec_total", "samples_per_sec",
+    "iteration_time_s", "aggregate_pflops", "other_metric", "notes")
+
+#: Columns a table must have (the others may be absent or blank).
+REQUIRED_COLUMNS = ("model", "num_layers", "hidden_size", "num_heads", "seq_len", "gpu_type", "num_gpus")
+
+#: Where the iteration time of a run came from, in the order the loader tries them.
+TARGET_SOURCES = ("iteration_time_s", "tokens_per_sec_total", "tokens_per_sec_per_gpu", "samples_per_sec",
+                  "tflops_per_gpu", "aggregate_pflops", "mfu_pct", "hfu_pct")
+
+# Model-name keywords → run-format arch (checked in this order; the first hit wins). Families whose
+# blocks are Llama's (RMSNorm, SwiGLU, RoPE, no tied head) are "llama"; GPT-2/3-style blocks are "gpt".
+_ARCH_WORDS = (
+    ("moe", ("mixtral", "moe", "switch", "glam", "expert")),
+    ("bert", ("bert", "roberta", "electra")),
+    ("llama", ("llama", "mistral", "qwen", "yi-", "internlm", "baichuan", "deepseek", "olmo", "gemma")),
+    ("gpt", ("gpt", "megatron", "bloom", "opt-", "opt ", "nlg", "turing", "gopher", "chinchilla", "palm",
+             "falcon", "pythia", "neox", "jurassic", "codegen", "starcoder")),
+)
+# Vocabulary of a family when a row and the catalog give none (the family's reference tokenizer):
+# GPT-2 BPE padded to a multiple of 128 as Megatron pads it (51200), Llama 1/2 (32000), BERT (30522).
+_FAMILY_VOCAB = {"gpt": 51200, "llama": 32000, "moe": 32000, "bert": 30522}
+
+_TRUE = {"yes", "y", "true", "1", "on", "sp"}
+_FALSE = {"", "no", "n", "false", "0", "off", "none", "-", "n/a", "na"}
+
+# "8x 200Gb/s", "8 × 400 Gbps", "4x HDR 200 Gb/s": compute-fabric NICs per node and their rate
+# (case-sensitive: "GB/s" is bytes, an NVLink figure, not a NIC rate)
+_NICS = re.compile(r"(\d+)\s*[xX×]\s*(?:[A-Za-z-]+\s+)?(\d+(?:\.\d+)?)\s*G(?:b|bit)(?:/s|ps)")
+
+
+@dataclass(frozen=True)
+class LoadedPublished:
+    """What :func:`load_published` made of a table.
+
+    Attributes:
+        runs: one :class:`~learnedperf.measure.public.MeasuredRun` per usable row, ``source``
+            ``"published:<file name>"``; ``run["meta"]`` holds the row's citation, framework,
+            ``target_from`` and the values the loader filled in (``assumed``).
+        skipped: ``(row label, reason)`` per row that could not become a run.
+        assumptions: what was filled in → number of rows.
+        warnings: ``(row label, text)`` for rows kept despite an inconsistency (two throughput
+            columns that disagree, an architecture that differs from the catalog's).
+    """
+
+    runs: list
+    skipped: list = field(default_factory=list)
+    assumptions: Counter = field(default_factory=Counter)
+    warnings: list = field(default_factory=list)
+
+
+class _Skip(Exception):
+    """A row that cannot become a run (the message is the reason)."""
+
+
+def _cell(row: dict, key: str) -> str:
+    value = row.get(key)
+    return "" if value is None else str(value).strip()
+
+
+def _number(row: dict, key: str) -> Optional[float]:
+    """The number in ``key`` (None when blank); ``1,024`` and ``2.0`` are read as numbers."""
+    text = _cell(row, key).replace(",", "").replace("_", "")
+    if text.lower() in ("", "-", "n/a", "na", "none", "?"):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise _Skip(f"field {key!r}: {_cell(row, key)!r} is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise _Skip(f"field {key!r}: {_cell(row, key)!r} is not a finite non-negative number")
+    return value
+
+
+def _integer(row: dict, key: str) -> Optional[int]:
+    value = _number(row, key)
+    if value is None:
+        return None
+    if value != int(value):
+        raise _Skip(f"field {key!r}: {_cell(row, key)!r} is not a whole number")
+    return int(value)
+
+
+def _required_int(row: dict, key: str) -> int:
+    value = _integer(row, key)
+    if value is None or value < 1:
+        raise _Skip(f"field {key!r} is missing")
+    return value
+
+
+# ------------------------------------------------------------------ model
+def _arch_of(name: str) -> Optional[str]:
+    text = f" {name.lower()} "
+    for arch, words in _ARCH_WORDS:
+        if any(w in text for w in words):
+            return arch
+    return None
+
+
+def _model(row: dict, assumed: list, warnings: list) -> dict:
+    """The inline architecture of a row: the catalog's entry of its name where there is one, the row's
+    columns over it (a published table states what was trained)."""
+    from ..catalog import get_model
+    from ..errors import CatalogError
+
+    name = _cell(row, "model")
+    columns = {"num_layers": _required_int(row, "num_layers"), "hidden_size": _required_int(row, "hidden_size"),
+               "num_attention_heads": _required_int(row, "num_heads"), "seq_length": _required_int(row, "seq_len"),
+               "num_kv_heads": _integer(row, "num_kv_heads"), "ffn_hidden_size": _integer(row, "ffn_hidden_size"),
+               "vocab_size": _integer(row, "vocab_size")}
+    try:
+        base = get_model(name) if name else None
+    except CatalogError:
+        base = None
+    if base is not None:
+        model = {k: v for k, v in base.items() if k != "name"}
+        differ = [k for k, v in columns.items()
+                  if v is not None and k != "seq_length" and model.get(k) is not None and model[k] != v]
+        if differ:
+            warnings.append(f"architecture differs from the catalog's {base['name']!r} in "
+                            f"{', '.join(differ)}: the row's values are used")
+        model.update({k: v for k, v in columns.items() if v is not None})
+        model["name"] = name
+        return model
+    arch = _arch_of(name)
+    if arch is None:
+        arch = "gpt"
+        assumed.append("arch gpt (model name names no known family)")
+    if arch == "moe":
+        raise _Skip(f"model {name!r} is a mixture of experts the catalog does not know: the table has no "
+                    "expert count (give the catalog name)")
+    model = {"arch": arch, "name": name or "published", **{k: v for k, v in columns.items() if v is not None}}
+    if columns["vocab_size"] is None:
+        model["vocab_size"] = _FAMILY_VOCAB[arch]
+        assumed.append(f"vocab_size {model['vocab_size']} ({arch} family's tokenizer)")
+    return model
+
+
+# --------------------------------------------------------------- hardware
+def _tokens(text: str) -> list[str]:
+    return [t for t in re.split(r"[^a-z0-9.]+", text.lower()) if t]
+
+
+def _device_name(gpu_type: str, assumed: list) -> str:
+    """The catalog device a row's ``gpu_type`` names: its exact name or alias, else the one entry whose
+    name shares the chip and every stated detail (memory, form factor); SXM where only that is left open."""
+    from ..catalog import get_device, names
+    from ..errors import CatalogError
+
+    if not gpu_type:
+        raise _Skip("field 'gpu_type' is missing")
+    stripped = re.sub(r"^(nvidia|amd instinct|amd|tesla|google)\s+", "", gpu_type.strip(), flags=re.I)
+    for form in (gpu_type, stripped, stripped.replace(" ", "-")):
+        try:
+            return get_device(form)["name"]
+        except CatalogError:
+            pass
+    want = set(_tokens(stripped.replace("-", " ")))
+    chips = {n: _tokens(n.replace("-", " ")) for n in names("devices")}
+    # the chip is the first token of a catalog name (a100, h100, mi300x); the row must name it
+    found = [n for n, toks in chips.items() if toks[0] in want]
+    # a stated detail that tells the candidates apart must agree: "80gb" excludes the 40 GB parts, "pcie"
+    # the SXM ones; one no candidate carries ("hbm3", "gpu") says nothing
+    details = [d for d in want if any(d in chips[n] for n in found) and d not in {chips[n][0] for n in found}]
+    found = [n for n in found if all(d in chips[n] for d in details)]
+    if len(found) > 1:
+        sxm = [n for n in found if any(t.startswith("sxm") for t in chips[n])]
+        if len(sxm) == 1:
+            assumed.append(f"device {sxm[0]} for {gpu_type!r} (the SXM form of the ones it could name)")
+            return sxm[0]
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise _Skip(f"gpu_type {gpu_type!r} is not a catalog device (see 'learnedperf catalog devices'); "
+                    "add it to the catalog with its data-sheet values")
+    raise _Skip(f"gpu_type {gpu_type!r} could name {', '.join(found)}: state the memory or form factor")
+
+
+def _hardware(row: dict, device: str, num_gpus: int, assumed: list) -> dict:
+    """Run-format hardware: the catalog cluster of the device (the one the row's text names, else the
+    first), with the inter-node bandwidth the ``interconnect`` text states where it states one."""
+    from ..catalog import get_cluster, get_device, names, source
+
+    clusters = [c for c in names("clusters") if get_cluster(c)["device"] == device]
+    text = " ".join(_cell(row, k) for k in ("interconnect", "source", "notes")).lower()
+    named = [c for c in clusters
+             if any(re.search(rf"\b{re.escape(a.lower())}\b", text) for a in [c, *source("clusters", c).get("aliases", [])])]
+    hw: dict[str, Any]
+    if named or clusters:
+        cluster = (named or clusters)[0]
+        hw = {"cluster": cluster, "num_devices": num_gpus}
+        per_node = get_cluster(cluster)["devices_per_node"]
+        catalog_inter = get_cluster(cluster).get("inter_node_bandwidth_GBps")
+        if not named:
+            assumed.append(f"cluster {cluster} (the catalog's first with {device})")
+    else:
+        hw = {"device": device, "num_devices": num_gpus}
+        per_node = get_device(device).get("devices_per_node") or 1
+        catalog_inter = get_device(device).get("inter_node_bandwidth_GBps")
+    m = _NICS.search(_cell(row, "interconnect"))
+    if m and num_gpus > per_node:
+        stated = int(m.group(1)) * float(m.group(2)) * 0.125 / per_node  # 1 Gb/s = 0.125 GB/s
+        if catalog_inter is None or abs(stated / catalog_inter - 1) > 0.01:
+            hw["inter_node_bandwidth_GBps"] = round(stated, 4)
+    elif num_gpus > per_node and catalog_inter is None:
+        raise _Skip(f"{num_gpus} GPUs span nodes of {per_node} but neither the interconnect text "
+                    "('N x R Gb/s' per node) nor the catalog gives the inter-node bandwidth")
+    return hw
+
+
+# --------------------------------------------------------------- strategy
+def _flag(row: dict, key: str) -> bool:
+    text = _cell(row, key).lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise _Skip(f"field {key!r}: {_cell(row, key)!r} is not yes/no")
+
+
+def _recompute(row: dict, assumed: list) -> str:
+    text = _cell(row, "activation_recompute").lower()
+    if not text:
+        assumed.append("activation_recompute none (blank)")
+        return "none"
+    if "selective" in text or "partial" in text:
+        return "selective"
+    if text.startswith(("full", "yes", "true", "on")) or "checkpoint" in text:
+        return "full"
+    if text.split(" ")[0] in _FALSE:
+        return "none"
+    raise _Skip(f"field 'activation_recompute': {_cell(row, 'activation_recompute')!r} is not full/selective/none")
+
+
+def _precision(row: dict) -> str:
+    text = _cell(row, "precision").lower()
+    for word, p in (("fp8", "fp8"), ("bf16", "bf16"), ("bfloat16", "bf16"), ("fp16", "fp16"), ("float16", "fp16"),
+                    ("half", "fp16"), ("tf32", "tf32"), ("fp32", "fp32"), ("float32", "fp32")):
+        if word in text:
+            return p
+    raise _Skip(f"field 'precision': {_cell(row, 'precision')!r} names no precision (fp8/bf16/fp16/tf32/fp32)")
+
+
+def _sharding(row: dict) -> dict:
+    text = _cell(row, "zero_or_fsdp").lower()
+    if text.split(" ")[0] in _FALSE or text.startswith(("ddp", "none")):
+        return {}
+    if "hsdp" in text or "hybrid" in text:
+        raise _Skip(f"zero_or_fsdp {_cell(row, 'zero_or_fsdp')!r}: hybrid sharding is not in the run format")
+    if "fsdp" in text:
+        if "grad_op" in text or "zero-2" in text or "zero2" in text or "no reshard" in text:
+            return {"fsdp": True, "zero_stage": 2}
+        return {"fsdp": True}
+    m = re.search(r"(?:zero|stage)[\s_-]*(\d)", text)
+    if m and m.group(1) in "0123":
+        return {"zero_stage": int(m.group(1))} if m.group(1) != "0" else {}
+    if "distributed optimizer" in text or "distopt" in text:
+        return {"zero_stage": 1}  # Megatron's distributed optimizer shards the optimizer states: ZeRO-1
+    raise _Skip(f"field 'zero_or_fsdp': {_cell(row, 'zero_or_fsdp')!r} is not none/DDP, ZeRO-1/2/3, FSDP "
+                "or distributed optimizer")
+
+
+def _schedule(row: dict, pp: int, assumed: list) -> dict:
+    text = _cell(row, "vpp_or_schedule").lower()
+    if pp == 1:
+        return {}
+    if text.isdigit():
+        v = int(text)
+        return {"pipeline_schedule": "interleaved", "virtual_pipeline_stages": v} if v > 1 else \
+            {"pipeline_schedule": "1f1b"}
+    if "interleav" in text or "vpp" in text or "virtual" in text:
+        m = re.search(r"(?:v|vpp|chunks?|virtual[\w ]*?)\s*[=:]?\s*(\d+)|(\d+)\s*(?:chunks|virtual)", text)
+        if m:
+            v = int(m.group(1) or m.group(2))
+            if v > 1:
+                return {"pipeline_schedule": "interleaved", "virtual_pipeline_stages": v}
+        assumed.append("1F1B for an interleaved schedule of unstated depth")
+        return {"pipeline_schedule": "1f1b"}
+    if "gpipe" in text or "fill-drain" in text or "fill drain" in text:
+        return {"pipeline_schedule": "gpipe"}
+    if not text or "1f1b" in text or "pipedream" in text:
+        if not text:
+            assumed.append("1F1B pipeline schedule (blank)")
+        return {"pipeline_schedule": "1f1b"}
+    raise _Skip(f"field 'vpp_or_schedule': {_cell(row, 'vpp_or_schedule')!r} is not 1F1B, GPipe or interleaved")
+
+
+def _strategy(row: dict, model: dict, num_gpus: int, assumed: list) -> dict:
+    tp, pp, cp, ep = (_integer(row, k) or 1 for k in ("tp", "pp", "cp", "ep"))
+    dp = _integer(row, "dp") or num_gpus // (tp * pp * cp)
+    seq = model["seq_length"]
+    gbs = _integer(row, "global_batch_size_seqs")
+    tokens = _integer(row, "global_batch_tokens")
+    if gbs is None and tokens is not None:
+        if tokens % seq:
+            raise _Skip(f"global_batch_tokens {tokens} is not a whole number of {seq}-token sequences")
+        gbs = tokens // seq
+    if gbs is None:
+        raise _Skip("neither global_batch_size_seqs nor global_batch_tokens is given")
+    mbs = _integer(row, "micro_batch_size")
+    if mbs is None:
+        ga = _integer(row, "grad_accum")
+        if ga and gbs % (dp * ga) == 0:
+            mbs = gbs // (dp * ga)
+        else:
+            mbs = 1
+            assumed.append("micro_batch_size 1 (blank)")
+    s: dict[str, Any] = {"tp": tp, "pp": pp, "dp": dp, "micro_batch_size": mbs, "global_batch_size": gbs,
+                         "recompute": _recompute(row, assumed), "precision": _precision(row)}
+    if cp > 1:
+        s["cp"] = cp
+    if ep > 1:
+        s["ep"] = ep
+    if _flag(row, "sp"):
+        s["sequence_parallel"] = True
+    s.update(_sharding(row))
+    s.update(_schedule(row, pp, assumed))
+    s["flash_attention"] = _flash_attention(row, assumed)
+    return s
+
+
+def _flash_attention(row: dict, assumed: list) -> bool:
+    """Whether attention was fused: as the row's text says, off for work from before FlashAttention
+    (Dao et al., arXiv 2205.14135, May 2022: a year up to 2021 in the source or framework), else on."""
+    text = " ".join(_cell(row, k) for k in ("framework", "notes", "other_metric")).lower()
+    if re.search(r"\b(no|without|w/o|disabled?)\s+(flash|fused attention)", text):
+        return False
+    if "flash" in text or "fused attention" in text:
+        return True
+    years = [int(y) for y in re.findall(r"\b(?:19|20)\d\d\b", " ".join(_cell(row, k) for k in ("source", "framework")))]
+    if years and max(years) <= 2021:
+        return False
+    assumed.append("flash_attention on (not stated)")
+    return True
+
+
+# ----------------------------------------------------------------- target
+def megatron_flops(model: Any, global_batch_size: int, recompute_counted: bool) -> float:
+    """FLOPs of one iteration as Megatron-LM counts them (Narayanan et al., SC21, Appendix).
+
+    Every matmul is 2·m·n·k: per token and layer, the Q/K/V and output projections
+    (2·h·(h + 2·h_kv) + 2·h²), the MLP (2·h·ffn per weight matrix: 2 matrices, 3 when gated; ×top-k
+    experts in a MoE layer) and attention's two s×s products in full (4·s·h); the LM head 2·h·V
+    per token. Backward is twice forward; a rate that counts the recomputed forward adds one
+    forward of the layers (not of the head, which is not recomputed). For GPT-shaped models this
+    is the paper's ``96·B·s·l·h²·(1 + s/6h + V/16lh)`` with recompute and
+    ``72·B·s·l·h²·(1 + s/6h + V/12lh)`` without.
+
+    Args:
+        model: a :class:`~learnedperf.specs.ModelSpec`.
+        global_batch_size: sequences per iteration.
+        recompute_counted: whether the rate being converted counts the recomputed forward.
+    """
+    h, s, l = model.hidden_size, model.seq_length, model.num_layers
+    kv = h // model.num_attention_heads * model.num_kv_heads
+    mats = 3 if model.activation == "swiglu" else 2
+    dense_mlp = 2 * mats * h * model.ffn_hidden_size
+    moe_layers = l // model.moe_layer_frequency if model.num_experts > 1 else 0
+    mlp = (l - moe_layers) * dense_mlp + moe_layers * dense_mlp * model.moe_top_k
+    layers_fwd = l * (2 * h * (h + 2 * kv) + 2 * h * h + 4 * s * h) + mlp
+    head_fwd = 2 * h * model.vocab_size
+    return ((4 if recompute_counted else 3) * layers_fwd + 3 * head_fwd) * s * global_batch_size
+
+
+_RECOMPUTE_COUNTED = re.compile(r"recompute[ -]?flops|includ\w* recomput|hardware[ -]flops|\bhfu\b", re.I)
+
+
+def _iteration_ms(row: dict, spec: Any, warnings: list) -> tuple[float, str]:
+    """The measured iteration time a row implies and the column it came from."""
+    s, n = spec.strategy, spec.hardware.num_devices
+    tokens = s.global_batch_size * spec.model.seq_length
+    found: list[tuple[float, str]] = []
+    it = _number(row, "iteration_time_s")
+    if it:
+        found.append((it * 1e3, "iteration_time_s"))
+    for key, per in (("tokens_per_sec_total", 1), ("tokens_per_sec_per_gpu", n)):
+        v = _number(row, key)
+        if v:
+            found.append((tokens / (v * per) * 1e3, key))
+    v = _number(row, "samples_per_sec")
+    if v:
+        found.append((s.global_batch_size / v * 1e3, "samples_per_sec"))
+    if not found:
+        counted = bool(_RECOMPUTE_COUNTED.search(_cell(row, "notes"))) or (
+            _number(row, "hfu_pct") is not None and _number(row, "mfu_pct") is None
+            and _number(row, "tflops_per_gpu") is None)
+        flops = megatron_flops(spec.model, s.global_batch_size, counted and s.recompute == "full")
+        peak = spec.hardware.device.peak_flops(s.precision)
+        label = " (recompute counted)" if counted and s.recompute == "full" else ""
+        for key, rate in (("tflops_per_gpu", lambda v: v * 1e12), ("aggregate_pflops", lambda v: v * 1e15 / n),
+                          ("mfu_pct", lambda v: v / 100 * peak), ("hfu_pct", lambda v: v / 100 * peak)):
+            v = _number(row, key)
+            if v:
+                found.append((flops / (rate(v) * n) * 1e3, key + label))
+                break
+    if not found:
+        raise _Skip("no iteration time or throughput (iteration_time_s, tokens/s, samples/s, TFLOP/s, MFU)")
+    ms, origin = found[0]
+    for other, key in found[1:]:
+        if abs(other / ms - 1) > 0.05:
+            warnings.append(f"{key} implies {other:.0f} ms, {origin} {ms:.0f} ms: {origin} is used")
+    return ms, origin
+
+
+# ------------------------------------------------------------------- load
+def _label(row: dict, line: int) -> str:
+    rid = _cell(row, "row_id")
+    return f"line {line}" + (f" (row_id {rid})" if rid else "")
+
+
+def load_published(path: Path | str, strict: bool = False) -> LoadedPublished:
+    """Read a published-runs table (CSV, :data:`PUBLISHED_COLUMNS`) into measured runs.
+
+    Args:
+        path: the CSV file.
+        strict: raise on the first row that cannot become a run instead of skipping it.
+
+    Raises:
+        InputError: the file cannot be read, is not a CSV with a header, lacks a
+            :data:`REQUIRED_COLUMNS` column, has a column of another name than :data:`PUBLISHED_COLUMNS`
+            (a misspelt column would otherwise be ignored), or — with ``strict`` — has a bad row.
+    """
+    from ..specs import RunSpec
+
+    path = Path(path)
+    try:
+        with open(path, encoding="utf-8-sig", newline="") as fh:
+            reader = csv.DictReader(fh)
+            header = reader.fieldnames
+            rows = list(reader)
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise InputError(f"{path}: cannot read as CSV ({getattr(exc, 'strerror', None) or exc})") from None
+    if not header:
+        raise InputError(f"{path}: empty file (expected a header of {', '.join(REQUIRED_COLUMNS)}, ...)")
+    missing = [c for c in REQUIRED_COLUMNS if c not in header]
+    if missing:
+        raise InputError(f"{path}: missing column(s) {', '.join(missing)}")
+    unknown = [c for c in header if c not in PUBLISHED_COLUMNS]
+    if unknown:
+        raise InputError(f"{path}: unknown column(s) {', '.join(map(repr, unknown))}; "
+                         f"the columns are {', '.join(PUBLISHED_COLUMNS)}")
+    out = LoadedPublished(runs=[])
+    for line, row in enumerate(rows, start=2):
+        if None in row:  # more cells than the header has columns
+            reason = f"{len(row[None])} cell(s) more than the header's {len(header)} columns"
+            if strict:
+                raise InputError(f"{path}: {_label(row, line)}: {reason}")
+            out.skipped.append((_label(row, line), reason))
+            continue
+        if not any(_cell(row, k) for k in header):
+            continue  # a blank line between rows
+        assumed: list[str] = []
+        warnings: list[str] = []
+        try:
+            model = _model(row, assumed, warnings)
+            num_gpus = _required_int(row, "num_gpus")
+            device = _device_name(_cell(row, "gpu_type"), assumed)
+            hardware = _hardware(row, device, num_gpus, assumed)
+            strategy = _strategy(row, model, num_gpus, assumed)
+            run = {"model": model, "hardware": hardware, "strategy": strategy,
+                   "id": f"published-{path.stem}-{_cell(row, 'row_id') or line}"}
+            try:
+                spec = RunSpec.from_dict(run)
+            except LearnedPerfError as exc:
+                raise _Skip(str(exc)) from None
+            ms, origin = _iteration_ms(row, spec, warnings)
+        except _Skip as exc:
+            if strict:
+                raise InputError(f"{path}: {_label(row, line)}: {exc}") from None
+            out.skipped.append((_label(row, line), str(exc)))
+            continue
+        run["meta"] = {"source": _cell(row, "source"), "source_locator": _cell(row, "source_locator"),
+                       "framework": _cell(row, "framework"), "gpu_type": _cell(row, "gpu_type"),
+                       "target_from": origin, "assumed": assumed}
+        out.runs.append(MeasuredRun(run, ms, f"published:{path.name}", line))
+        out.assumptions.update(assumed)
+        out.warnings.extend((_label(row, line), w) for w in warnings)
+    return out
+
+
+__all__ = ["LoadedPublished", "PUBLISHED_COLUMNS", "REQUIRED_COLUMNS", "TARGET_SOURCES", "load_published",
+           "megatron_flops"]

@@ -1,0 +1,190 @@
+"""Published-runs tables: the loader maps rows to runs and implied iteration times, or says why not.
+
+Expected values are independent of the loader: SC21's iteration times from the paper's own FLOPs
+formula, the others from the throughput a row states (time = tokens per iteration / tokens per
+second) or from a hand count of the matmuls.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from learnedperf.errors import InputError
+from learnedperf.measure.public import default_shared_data
+from learnedperf.measure.published import PUBLISHED_COLUMNS, load_published, megatron_flops
+from learnedperf.specs import ModelSpec, RunSpec
+
+DATA = Path(__file__).resolve().parent / "data" / "published_runs.csv"
+SC21 = default_shared_data() / "published" / "megatron_sc21_table1.csv"
+
+
+def _rows(path: Path) -> list[dict]:
+    with open(path, encoding="utf-8-sig", newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    return load_published(DATA)
+
+
+def _by_row(loaded) -> dict:
+    return {m.run["id"].rsplit("-", 1)[1]: m for m in loaded.runs}
+
+
+@pytest.mark.skipif(not SC21.exists(), reason="shared data not present")
+def test_sc21_times_follow_the_papers_formula():
+    got = load_published(SC21)
+    assert not got.skipped and not got.warnings
+    rows = _rows(SC21)
+    assert len(got.runs) == len(rows) == 10
+    for m, row in zip(got.runs, rows):
+        B, s, l, h, V = (int(float(row[k])) for k in ("global_batch_size_seqs", "seq_len", "num_layers",
+                                                       "hidden_size", "vocab_size"))
+        n, tflops = int(row["num_gpus"]), float(row["tflops_per_gpu"])
+        # Narayanan et al. SC21, Appendix: F = 96·B·s·l·h²·(1 + s/6h + V/16lh), recompute counted
+        expected = 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h)) / (tflops * 1e12 * n) * 1e3
+        assert m.iteration_time_ms == pytest.approx(expected, rel=1e-12)
+        assert m.run["hardware"] == {"cluster": "selene", "num_devices": n}  # "Selene" is in the row's text
+        st = m.run["strategy"]
+        assert (st["tp"], st["pp"], st["dp"]) == tuple(int(float(row[k])) for k in ("tp", "pp", "dp"))
+        assert st["recompute"] == "full" and st["precision"] == "fp16"
+        assert st["flash_attention"] is False  # a 2021 framework: FlashAttention is from 2022
+        assert st.get("pipeline_schedule", "1f1b") == "1f1b"  # interleaved, depth not in the table
+        assert "micro_batch_size 1 (blank)" in m.run["meta"]["assumed"]
+
+
+def test_megatron_flops_is_the_papers_closed_form_for_gpt_and_a_matmul_count_for_gqa():
+    B, s, l, h, V = 4, 2048, 24, 2304, 51200
+    gpt = ModelSpec.parse({"arch": "gpt", "num_layers": l, "hidden_size": h, "num_attention_heads": 24,
+                           "vocab_size": V, "seq_length": s})
+    assert megatron_flops(gpt, B, True) == pytest.approx(96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h)))
+    # without recompute the layers make three passes, the LM head three as before: 72·(1 + s/6h + V/12lh)
+    assert megatron_flops(gpt, B, False) == pytest.approx(72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h)))
+    # Llama 3 8B (GQA 32/8 heads, SwiGLU): per token and layer Q,O 2·h², K,V 2·h·1024, three MLP matrices,
+    # attention 4·s·h; head 2·h·V; ×3 passes
+    m = ModelSpec.parse({"arch": "llama", "num_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+                         "num_kv_heads": 8, "ffn_hidden_size": 14336, "vocab_size": 128256, "seq_length": 8192})
+    per_layer = 2 * 4096 * 4096 * 2 + 2 * 4096 * 1024 * 2 + 3 * 2 * 4096 * 14336 + 4 * 8192 * 4096
+    assert megatron_flops(m, 1, False) == pytest.approx(3 * (32 * per_layer + 2 * 4096 * 128256) * 8192)
+
+
+def test_rows_become_runs_with_the_time_their_throughput_implies(loaded):
+    runs = _by_row(loaded)
+    assert sorted(runs, key=int) == ["1", "2", "3", "7", "8"]
+    for m in loaded.runs:
+        RunSpec.from_dict(m.run)  # every kept run is a valid run as stored
+    # 1: a catalog model, FSDP on H100s, time stated in seconds
+    r1 = runs["1"]
+    assert r1.iteration_time_ms == pytest.approx(3500.0)
+    assert r1.run["hardware"] == {"cluster": "dgx-h100", "num_devices": 64}  # 8 x 400 Gb/s = the catalog's 50 GB/s
+    assert r1.run["strategy"]["fsdp"] is True and r1.run["strategy"]["flash_attention"] is True
+    assert r1.run["model"]["num_kv_heads"] == 8 and r1.run["model"]["arch"] == "llama"
+    assert r1.run["meta"]["target_from"] == "iteration_time_s" and r1.run["meta"]["framework"].startswith("torchtitan")
+    # 2: tokens/s per GPU x 32 GPUs; 4 x 200 Gb/s NICs per node of 8 = 12.5 GB/s per GPU, not the catalog's 25
+    r2 = runs["2"]
+    assert r2.iteration_time_ms == pytest.approx(2048 * 256 / (3000 * 32) * 1e3)
+    assert r2.run["hardware"]["inter_node_bandwidth_GBps"] == pytest.approx(4 * 200 / 8 / 8)
+    st = r2.run["strategy"]
+    assert (st["pipeline_schedule"], st["virtual_pipeline_stages"], st["zero_stage"], st["dp"]) == \
+        ("interleaved", 2, 1, 8)
+    assert st["global_batch_size"] == 256 and st["recompute"] == "selective" and st["precision"] == "bf16"
+    assert "vocab_size 51200 (gpt family's tokenizer)" in r2.run["meta"]["assumed"]
+    # 3: MFU of the data-sheet peak; micro-batch from the gradient accumulation (64 / (8 x 4))
+    r3 = runs["3"]
+    spec = RunSpec.from_dict(r3.run)
+    assert spec.strategy.micro_batch_size == 2 and spec.model.arch == "llama"
+    flops = megatron_flops(spec.model, 64, False)
+    assert r3.iteration_time_ms == pytest.approx(flops / (0.40 * spec.hardware.device.peak_flops("bf16") * 8) * 1e3)
+    assert r3.run["meta"]["target_from"] == "mfu_pct"
+    # 7: a GPU named by chip and memory only takes the SXM part, and says so
+    assert runs["7"].run["hardware"]["cluster"] == "dgx-h100"
+    assert any("H100-SXM5-80GB" in a and "SXM" in a for a in runs["7"].run["meta"]["assumed"])
+    # 8: two throughputs 20 % apart: the stated time wins, with a warning
+    assert runs["8"].iteration_time_ms == pytest.approx(500.0)
+    assert [w for w in loaded.warnings if "row_id 8" in w[0] and "samples_per_sec implies 600 ms" in w[1]]
+    assert runs["8"].run["hardware"]["cluster"] == "dgx-v100"
+    assert sum(loaded.assumptions.values()) == sum(len(m.run["meta"]["assumed"]) for m in loaded.runs)
+
+
+def test_rows_that_cannot_become_runs_are_skipped_with_their_reason(loaded):
+    reasons = {where.split("row_id ")[1].rstrip(")"): why for where, why in loaded.skipped}
+    assert sorted(reasons, key=int) == ["4", "5", "6", "9", "10"]
+    assert "'Gaudi2' is not a catalog device" in reasons["4"]
+    assert "hybrid sharding" in reasons["5"]
+    assert "expert count" in reasons["6"]
+    assert "no iteration time or throughput" in reasons["9"]
+    assert reasons["10"].startswith("strategy.tp:")
+    assert len(loaded.runs) + len(loaded.skipped) == len(_rows(DATA))  # nothing dropped silently
+
+
+def test_strict_loading_stops_at_the_first_bad_row():
+    with pytest.raises(InputError, match=r"line 5 \(row_id 4\): gpu_type 'Gaudi2'"):
+        load_published(DATA, strict=True)
+
+
+def test_a_table_of_the_wrong_shape_gets_one_error(tmp_path):
+    rows = _rows(DATA)
+    bad = tmp_path / "misspelt.csv"
+    with open(bad, "w", newline="") as fh:
+        cols = ["tensor_parallel" if c == "tp" else c for c in PUBLISHED_COLUMNS]
+        w = csv.DictWriter(fh, fieldnames=cols)
+        w.writeheader()
+        w.writerow({("tensor_parallel" if k == "tp" else k): v for k, v in rows[0].items()})
+    with pytest.raises(InputError, match="unknown column.*'tensor_parallel'"):
+        load_published(bad)
+    short = tmp_path / "short.csv"
+    short.write_text("model,num_layers\nGPT,24\n")
+    with pytest.raises(InputError, match="missing column.*hidden_size"):
+        load_published(short)
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    with pytest.raises(InputError, match="empty file"):
+        load_published(empty)
+    binary = tmp_path / "binary.csv"
+    binary.write_bytes(b"\xff\xfe\x00\x81" * 50)
+    with pytest.raises(InputError, match="binary.csv"):
+        load_published(binary)
+    with pytest.raises(InputError, match="cannot read"):
+        load_published(tmp_path / "absent.csv")
+
+
+def test_a_row_with_more_cells_than_columns_is_reported(tmp_path):
+    text = DATA.read_text().splitlines()
+    (tmp_path / "t.csv").write_text("\n".join([text[0], text[1] + ",extra"]) + "\n")
+    got = load_published(tmp_path / "t.csv")
+    assert not got.runs and got.skipped == [("line 2 (row_id 1)", "1 cell(s) more than the header's 40 columns")]
+
+
+def test_ingest_turns_a_published_table_into_step_records(tmp_path, capsys):
+    import json
+
+    import pandas as pd
+
+    from learnedperf.cli import main
+    from learnedperf.measure.records import STEP_COLUMNS, verify_manifest
+
+    # strict (the default): the first row that cannot become a run rejects the file, nothing is written
+    assert main(["ingest", str(DATA), "--out", str(tmp_path / "strict")]) == 1
+    err = capsys.readouterr().err
+    assert "line 5 (row_id 4): gpu_type 'Gaudi2'" in err and "Traceback" not in err
+    assert not (tmp_path / "strict" / "steps_ingested.parquet").exists()
+    # with --skip-bad-rows every good row is written and every bad one reported (the table is recognised
+    # by its header: no --kind needed)
+    out = tmp_path / "ds"
+    assert main(["ingest", str(DATA), "--skip-bad-rows", "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    rejected = [line for line in err.splitlines() if line.startswith("learnedperf ingest: rejected:")]
+    steps = pd.read_parquet(out / "steps_ingested.parquet")
+    assert list(steps.columns) == list(STEP_COLUMNS)
+    assert len(rejected) + len(steps) == len(_rows(DATA))
+    expected = {m.run["id"]: m.iteration_time_ms for m in load_published(DATA).runs}
+    got = {json.loads(r)["id"]: t for r, t in zip(steps["run"], steps["iteration_time_ms"])}
+    assert got == pytest.approx(expected)
+    assert set(steps["source"]) == {"published:published_runs.csv"}
+    manifest = verify_manifest(out)
+    assert manifest["rejected_rows"] == len(rejected)
+    assert manifest["sources"][0]["kind"] == "published"
