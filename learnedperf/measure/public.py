@@ -92,39 +92,26 @@ def load_vtrain(data_dir: Path | None = None) -> list[MeasuredRun]:
 
 
 def load_sc21(data_dir: Path | None = None, virtual_stages: int = 1) -> list[MeasuredRun]:
-    """SC21 Table 1 as runs; the iteration time is derived from the published TFLOP/s.
+    """SC21 Table 1 as runs (ids ``sc21-<row>``), read by :func:`.published.load_published`.
 
     The table reports TFLOP/s per GPU counted with the paper's formula
-    ``96·B·s·l·h²·(1 + s/6h + V/16lh)`` (recompute included), so the implied
-    iteration time is that many FLOPs / (TFLOP/s · GPUs). Micro-batch size and
+    ``96·B·s·l·h²·(1 + s/6h + V/16lh)`` (recompute included; the row's notes say so), so the
+    implied iteration time is that many FLOPs / (TFLOP/s · GPUs). Micro-batch size and
     the interleaving depth are not in the table: micro-batch 1 is used and the
-    schedule is plain 1F1B unless ``virtual_stages`` > 1.
+    schedule is plain 1F1B unless ``virtual_stages`` > 1 (where the layers and the
+    micro-batches per replica divide over it).
     """
+    from .published import load_published
+
     path = (data_dir or default_shared_data()) / "published" / "megatron_sc21_table1.csv"
     out = []
-    for i, row in enumerate(_read_csv(path), start=2):
-        l = int(_num(row, "num_layers", path, i))
-        h = int(_num(row, "hidden_size", path, i))
-        s = int(_num(row, "seq_len", path, i))
-        V = int(_num(row, "vocab_size", path, i))
-        B = int(_num(row, "global_batch_size_seqs", path, i))
-        n = int(_num(row, "num_gpus", path, i))
-        tp, pp, dp = (int(_num(row, k, path, i)) for k in ("tp", "pp", "dp"))
-        tflops = _num(row, "tflops_per_gpu", path, i)
-        flops = 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
-        t_ms = flops / (tflops * 1e12 * n) * 1e3
-        strategy = {"tp": tp, "pp": pp, "dp": dp, "micro_batch_size": 1, "global_batch_size": B,
-                    "recompute": "full", "precision": "fp16", "flash_attention": False,
-                    "pipeline_schedule": "1f1b"}
-        v = virtual_stages
-        if pp > 1 and v > 1 and l % (pp * v) == 0 and (B // dp) % pp == 0:
-            strategy.update(pipeline_schedule="interleaved", virtual_pipeline_stages=v)
-        run = {"model": {"arch": "gpt", "name": row.get("model", "gpt"), "num_layers": l, "hidden_size": h,
-                         "num_attention_heads": int(_num(row, "num_heads", path, i)), "vocab_size": V,
-                         "seq_length": s},
-               "hardware": {"cluster": "selene", "num_devices": n},
-               "strategy": strategy, "id": f"sc21-{i - 1}"}
-        out.append(MeasuredRun(run, t_ms, "megatron-sc21", i))
+    for m in load_published(path, strict=True).runs:
+        s = dict(m.run["strategy"])
+        layers, v = m.run["model"]["num_layers"], virtual_stages
+        if s["pp"] > 1 and v > 1 and layers % (s["pp"] * v) == 0 and (s["global_batch_size"] // s["dp"]) % s["pp"] == 0:
+            s.update(pipeline_schedule="interleaved", virtual_pipeline_stages=v)
+        run = {**m.run, "strategy": s, "id": f"sc21-{m.row - 1}"}
+        out.append(MeasuredRun(run, m.iteration_time_ms, "megatron-sc21", m.row))
     return out
 
 
