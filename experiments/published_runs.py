@@ -5,7 +5,8 @@ Reads one or more CSV tables in the layout of ``shared/data/published/*.csv``
 Megatron-LM SC21 Table 1, 32-3072 A100s, held out of all training), and prints per run the measured
 iteration time (as the row states it or implies it), the simulator's and the checkpoint's prediction
 (full tier) with its 90 % interval, and the fast tier's; then the iteration-time MAPE, the signed bias
-(mean log predicted/measured) and the interval coverage, overall and per framework, device and scale.
+(mean log predicted/measured) and the interval coverage, overall and per framework, device and scale, and
+Kendall τ over the strategies of one (model, device, GPU count, batch) where a table holds three or more.
 Rows the loader could not use are listed with their reason, and the values it filled in are counted.
 
     python experiments/published_runs.py [TABLE.csv ...] [--checkpoint DIR] [--out per_run.csv] [--strict]
@@ -15,12 +16,14 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import math
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+from scipy.stats import kendalltau
 
 from learnedperf.errors import LearnedPerfError
 from learnedperf.measure.public import default_shared_data
@@ -40,7 +43,7 @@ def summarise(label: str, rows: list[dict]) -> str:
     bias = np.mean([math.log(r["full_ms"] / r["measured_ms"]) for r in rows])
     inside = sum(r["lo_ms"] <= r["measured_ms"] <= r["hi_ms"] for r in rows)
     inside_fast = sum(r["fast_lo_ms"] <= r["measured_ms"] <= r["fast_hi_ms"] for r in rows)
-    return (f"{label:28s} n={len(rows):4d}  MAPE simulator {mape('simulator_ms'):5.1f} %  full {mape('full_ms'):5.1f} %"
+    return (f"{label[:30]:30s} n={len(rows):4d}  MAPE simulator {mape('simulator_ms'):5.1f} %  full {mape('full_ms'):5.1f} %"
             f"  fast {mape('fast_ms'):5.1f} %  bias {bias:+.3f}  coverage full {inside}/{len(rows)}, "
             f"fast {inside_fast}/{len(rows)}")
 
@@ -84,7 +87,9 @@ def main(argv=None) -> int:
                  "measured_ms": m.iteration_time_ms, "simulator_ms": full["simulator_iteration_time_ms"],
                  "full_ms": full["iteration_time_ms"], "lo_ms": full["interval_ms"][0], "hi_ms": full["interval_ms"][1],
                  "fast_ms": fast["iteration_time_ms"], "fast_lo_ms": fast["interval_ms"][0],
-                 "fast_hi_ms": fast["interval_ms"][1], "assumed": "; ".join(meta["assumed"])}
+                 "fast_hi_ms": fast["interval_ms"][1], "assumed": "; ".join(meta["assumed"]),
+                 "group": json.dumps([m.run["model"], m.run["hardware"], m.run["strategy"]["global_batch_size"]],
+                                     sort_keys=True)}
             rows.append(r)
             print(f"{r['id'][-34:]:34s} {r['framework'][:22]:22s} {r['num_gpus']:5d} {r['measured_ms']:10.0f} "
                   f"{r['simulator_ms']:10.0f} {r['full_ms']:10.0f}  [{r['lo_ms']:9.0f}, {r['hi_ms']:9.0f}] "
@@ -110,6 +115,21 @@ def main(argv=None) -> int:
         if len(groups) > 1:
             for g in sorted(groups, key=str):
                 print(summarise(f"  {name} {g}", groups[g]))
+    # order: Kendall τ between predicted and measured times over the strategies of one (model, device,
+    # GPU count, global batch) — the planner's question — where a table holds three or more of them
+    taus = []
+    groups = defaultdict(list)
+    for r in rows:
+        groups[r["group"]].append(r)
+    for members in groups.values():
+        if len(members) >= 3:
+            tau = kendalltau([r["measured_ms"] for r in members], [r["full_ms"] for r in members]).statistic
+            taus.append((tau, len(members)))
+    if taus:
+        print(f"Kendall tau over the strategies of {len(taus)} (model, device, GPUs, batch) groups of 3 or more: "
+              f"mean {np.mean([t for t, _ in taus]):.2f} (full tier)")
+    else:
+        print("Kendall tau: no (model, device, GPUs, batch) group has 3 or more strategies")
     if args.out:
         with open(args.out, "w", newline="", encoding="utf-8") as fh:
             w = csv.DictWriter(fh, fieldnames=list(rows[0]))

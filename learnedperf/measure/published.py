@@ -106,7 +106,7 @@ def _cell(row: dict, key: str) -> str:
 
 def _number(row: dict, key: str) -> Optional[float]:
     """The number in ``key`` (None when blank); ``1,024`` and ``2.0`` are read as numbers."""
-    text = _cell(row, key).replace(",", "").replace("_", "")
+    text = _cell(row, key).replace(",", "").replace("_", "").removesuffix("%").strip()
     if text.lower() in ("", "-", "n/a", "na", "none", "?"):
         return None
     try:
