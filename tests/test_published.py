@@ -188,3 +188,20 @@ def test_ingest_turns_a_published_table_into_step_records(tmp_path, capsys):
     manifest = verify_manifest(out)
     assert manifest["rejected_rows"] == len(rejected)
     assert manifest["sources"][0]["kind"] == "published"
+
+
+def test_numbers_may_carry_thousands_separators_and_a_percent_sign(tmp_path):
+    rows = _rows(DATA)
+    row = dict(next(r for r in rows if r["row_id"] == "3"))
+    plain = load_published(DATA).runs
+    row.update(mfu_pct="40%", global_batch_size_seqs="64")
+    other = dict(next(r for r in rows if r["row_id"] == "2"), tokens_per_sec_per_gpu="3,000")
+    path = tmp_path / "t.csv"
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows([row, other])
+    got = load_published(path)
+    assert not got.skipped
+    want = {m.run["id"].rsplit("-", 1)[1]: m.iteration_time_ms for m in plain}
+    assert [m.iteration_time_ms for m in got.runs] == pytest.approx([want["3"], want["2"]])
