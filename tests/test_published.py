@@ -205,3 +205,28 @@ def test_numbers_may_carry_thousands_separators_and_a_percent_sign(tmp_path):
     assert not got.skipped
     want = {m.run["id"].rsplit("-", 1)[1]: m.iteration_time_ms for m in plain}
     assert [m.iteration_time_ms for m in got.runs] == pytest.approx([want["3"], want["2"]])
+
+
+@pytest.mark.parametrize("column, text, expected", [
+    ("activation_recompute", "full (per paper)", "full"),
+    ("activation_recompute", "activation checkpointing", "full"),
+    ("activation_recompute", "no activation checkpointing", "none"),
+    ("activation_recompute", "selective", "selective"),
+    ("zero_or_fsdp", "none (DDP)", {}),
+    ("zero_or_fsdp", "ZeRO-3 (DeepSpeed)", {"zero_stage": 3}),
+    ("zero_or_fsdp", "distributed optimizer", {"zero_stage": 1}),
+    ("zero_or_fsdp", "FSDP SHARD_GRAD_OP", {"fsdp": True, "zero_stage": 2}),
+    ("precision", "AMP (bf16)", "bf16"),
+    ("precision", "fp16 mixed", "fp16"),
+    ("sp", "yes (with TP)", True),
+    ("vpp_or_schedule", "interleaved, 4 chunks", {"pipeline_schedule": "interleaved", "virtual_pipeline_stages": 4}),
+    ("vpp_or_schedule", "GPipe", {"pipeline_schedule": "gpipe"}),
+])
+def test_the_words_of_a_table_map_to_the_run_format(column, text, expected):
+    from learnedperf.measure import published as P
+
+    row = {column: text}
+    read = {"activation_recompute": lambda: P._recompute(row, []), "zero_or_fsdp": lambda: P._sharding(row),
+            "precision": lambda: P._precision(row), "sp": lambda: P._flag(row, "sp"),
+            "vpp_or_schedule": lambda: P._schedule(row, 4, [])}[column]
+    assert read() == expected

@@ -256,7 +256,8 @@ def _hardware(row: dict, device: str, num_gpus: int, assumed: list) -> dict:
 
 # --------------------------------------------------------------- strategy
 def _flag(row: dict, key: str) -> bool:
-    text = _cell(row, key).lower()
+    words = _cell(row, key).lower().replace("(", " ").split()
+    text = words[0] if words else ""  # "yes (with TP)" says yes
     if text in _TRUE:
         return True
     if text in _FALSE:
@@ -269,12 +270,12 @@ def _recompute(row: dict, assumed: list) -> str:
     if not text:
         assumed.append("activation_recompute none (blank)")
         return "none"
+    if text.split(" ")[0] in _FALSE:  # "no activation checkpointing" is none, whatever follows
+        return "none"
     if "selective" in text or "partial" in text:
         return "selective"
     if text.startswith(("full", "yes", "true", "on")) or "checkpoint" in text:
         return "full"
-    if text.split(" ")[0] in _FALSE:
-        return "none"
     raise _Skip(f"field 'activation_recompute': {_cell(row, 'activation_recompute')!r} is not full/selective/none")
 
 
