@@ -19,10 +19,10 @@ The iteration time is taken, in this order, from ``iteration_time_s``, ``tokens_
 ``tokens_per_sec_per_gpu`` · GPUs, ``samples_per_sec``, and last from a FLOP rate
 (``tflops_per_gpu``, ``aggregate_pflops``, ``mfu_pct`` or ``hfu_pct`` of the device's data-sheet
 peak) divided into the FLOPs of one iteration counted as Megatron-LM counts them (Narayanan et
-al., SC21, Appendix: ``72·B·s·l·h²·(1 + s/6h + V/16lh)``, every matmul 2·m·n·k, attention in
-full, ×4/3 where the rate counts the recomputed forward), generalised to grouped-query
-attention, gated MLPs and mixture-of-experts by the same matmul count. Which source the time
-came from is in ``meta["target_from"]``.
+al., SC21, Appendix: every matmul 2·m·n·k, attention in full, one more forward of the layers
+where the rate counts the recomputed one — the paper's ``96·B·s·l·h²·(1 + s/6h + V/16lh)``),
+generalised to grouped-query attention, gated MLPs and mixture-of-experts by the same matmul
+count (:func:`megatron_flops`). Which source the time came from is in ``meta["target_from"]``.
 """
 
 from __future__ import annotations
@@ -57,7 +57,8 @@ TARGET_SOURCES = ("iteration_time_s", "tokens_per_sec_total", "tokens_per_sec_pe
 # Model-name keywords → run-format arch (checked in this order; the first hit wins). Families whose
 # blocks are Llama's (RMSNorm, SwiGLU, RoPE, no tied head) are "llama"; GPT-2/3-style blocks are "gpt".
 _ARCH_WORDS = (
-    ("moe", ("mixtral", "moe", "switch", "glam", "expert")),
+    ("moe", ("mixtral", "moe", "switch", "glam", "expert", "deepseek-v2", "deepseek-v3", "deepseek v2",
+             "deepseek v3", "dbrx", "grok", "arctic")),
     ("bert", ("bert", "roberta", "electra")),
     ("llama", ("llama", "mistral", "qwen", "yi-", "internlm", "baichuan", "deepseek", "olmo", "gemma")),
     ("gpt", ("gpt", "megatron", "bloom", "opt-", "opt ", "nlg", "turing", "gopher", "chinchilla", "palm",
