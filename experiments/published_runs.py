@@ -43,9 +43,9 @@ def summarise(label: str, rows: list[dict]) -> str:
     bias = np.mean([math.log(r["full_ms"] / r["measured_ms"]) for r in rows])
     inside = sum(r["lo_ms"] <= r["measured_ms"] <= r["hi_ms"] for r in rows)
     inside_fast = sum(r["fast_lo_ms"] <= r["measured_ms"] <= r["fast_hi_ms"] for r in rows)
-    return (f"{label[:30]:30s} n={len(rows):4d}  MAPE simulator {mape('simulator_ms'):5.1f} %  full {mape('full_ms'):5.1f} %"
-            f"  fast {mape('fast_ms'):5.1f} %  bias {bias:+.3f}  coverage full {inside}/{len(rows)}, "
-            f"fast {inside_fast}/{len(rows)}")
+    return (f"{label[:30]:30s} n={len(rows):4d}  MAPE simulator {mape('simulator_ms'):5.1f} %  "
+            f"full {mape('full_ms'):5.1f} %  fast {mape('fast_ms'):5.1f} %  bias {bias:+.3f}  "
+            f"coverage full {inside}/{len(rows)}, fast {inside_fast}/{len(rows)}")
 
 
 def main(argv=None) -> int:

@@ -230,20 +230,24 @@ def _hardware(row: dict, device: str, num_gpus: int, assumed: list) -> dict:
 
     clusters = [c for c in names("clusters") if get_cluster(c)["device"] == device]
     text = " ".join(_cell(row, k) for k in ("interconnect", "source", "notes")).lower()
-    named = [c for c in clusters
-             if any(re.search(rf"\b{re.escape(a.lower())}\b", text) for a in [c, *source("clusters", c).get("aliases", [])])]
+
+    def named_in_text(c: str) -> bool:
+        return any(re.search(rf"\b{re.escape(a.lower())}\b", text)
+                   for a in [c, *source("clusters", c).get("aliases", [])])
+
+    named = [c for c in clusters if named_in_text(c)]
     hw: dict[str, Any]
     if named or clusters:
         cluster = (named or clusters)[0]
         hw = {"cluster": cluster, "num_devices": num_gpus}
-        per_node = get_cluster(cluster)["devices_per_node"]
-        catalog_inter = get_cluster(cluster).get("inter_node_bandwidth_GBps")
+        entry = get_cluster(cluster)
+        per_node, catalog_inter = entry["devices_per_node"], entry.get("inter_node_bandwidth_GBps")
         if not named:
             assumed.append(f"cluster {cluster} (the catalog's first with {device})")
     else:
         hw = {"device": device, "num_devices": num_gpus}
-        per_node = get_device(device).get("devices_per_node") or 1
-        catalog_inter = get_device(device).get("inter_node_bandwidth_GBps")
+        entry = get_device(device)
+        per_node, catalog_inter = entry.get("devices_per_node") or 1, entry.get("inter_node_bandwidth_GBps")
     m = _NICS.search(_cell(row, "interconnect"))
     if m and num_gpus > per_node:
         stated = int(m.group(1)) * float(m.group(2)) * 0.125 / per_node  # 1 Gb/s = 0.125 GB/s
@@ -394,6 +398,10 @@ def megatron_flops(model: Any, global_batch_size: int, recompute_counted: bool) 
     is the paper's ``96·B·s·l·h²·(1 + s/6h + V/16lh)`` with recompute and
     ``72·B·s·l·h²·(1 + s/6h + V/12lh)`` without.
 
+    Not :func:`~learnedperf.graph.transformer.model_flops_per_iteration`: that counts the operator
+    graph (norms, activations, the embedding's table-sized backward; 1.6 % more on SC21's 1.7B row),
+    while a published rate is to be converted with the convention it was counted in.
+
     Args:
         model: a :class:`~learnedperf.specs.ModelSpec`.
         global_batch_size: sequences per iteration.
@@ -429,12 +437,13 @@ def _iteration_ms(row: dict, spec: Any, warnings: list) -> tuple[float, str]:
     if v:
         found.append((s.global_batch_size / v * 1e3, "samples_per_sec"))
     if not found:
-        counted = bool(_RECOMPUTE_COUNTED.search(_cell(row, "notes"))) or (
+        # the rate counts the recomputed forward where the notes say so or only an HFU is given
+        counted = s.recompute == "full" and (bool(_RECOMPUTE_COUNTED.search(_cell(row, "notes"))) or (
             _number(row, "hfu_pct") is not None and _number(row, "mfu_pct") is None
-            and _number(row, "tflops_per_gpu") is None)
-        flops = megatron_flops(spec.model, s.global_batch_size, counted and s.recompute == "full")
+            and _number(row, "tflops_per_gpu") is None))
+        flops = megatron_flops(spec.model, s.global_batch_size, counted)
         peak = spec.hardware.device.peak_flops(s.precision)
-        label = " (recompute counted)" if counted and s.recompute == "full" else ""
+        label = " (recompute counted)" if counted else ""
         for key, rate in (("tflops_per_gpu", lambda v: v * 1e12), ("aggregate_pflops", lambda v: v * 1e15 / n),
                           ("mfu_pct", lambda v: v / 100 * peak), ("hfu_pct", lambda v: v / 100 * peak)):
             v = _number(row, key)
