@@ -57,7 +57,7 @@ _STRATEGY_FLAGS = {
     "tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "ep": "ep",
     "micro_batch_size": "micro_batch_size", "global_batch_size": "global_batch_size",
     "schedule": "pipeline_schedule", "virtual_stages": "virtual_pipeline_stages",
-    "zero": "zero_stage", "fsdp": "fsdp", "recompute": "recompute",
+    "zero": "zero_stage", "fsdp": "fsdp", "dp_replicate": "dp_replicate", "recompute": "recompute",
     "sequence_parallel": "sequence_parallel", "precision": "precision",
     "mixed_precision": "mixed_precision", "flash_attention": "flash_attention",
 }
@@ -129,6 +129,8 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage")
     m.add_argument("--fsdp", action="store_const", const=True,
                    help="PyTorch FSDP: full sharding, or SHARD_GRAD_OP with --zero 2")
+    m.add_argument("--dp-replicate", type=_positive_int, metavar="N",
+                   help="hybrid sharding (HSDP): N copies of the ZeRO/FSDP states, each sharded over dp·cp/N ranks")
     m.add_argument("--recompute", choices=("none", "selective", "full"), help="activation recomputation")
     m.add_argument("--sequence-parallel", action="store_const", const=True)
     m.add_argument("--precision", choices=("fp32", "tf32", "bf16", "fp16", "fp8"))
@@ -453,6 +455,8 @@ def _table(pred: dict, run: Any) -> str:
     if s.effective_zero_stage:
         knobs.append(("FSDP SHARD_GRAD_OP" if s.effective_zero_stage == 2 else "FSDP") if s.fsdp
                      else f"ZeRO-{s.zero_stage}")
+        if s.dp_replicate > 1:
+            knobs.append(f"hybrid: {s.dp_replicate} copies of {s.shard_size} shards")
     if s.recompute != "none":
         knobs.append(f"recompute {s.recompute}")
     if s.sequence_parallel:
@@ -969,7 +973,8 @@ def _cmd_search(args: argparse.Namespace) -> int:
                                           else "") if s["pp"] > 1 else "-"
         lo, hi = r["interval_ms"]
         rows.append((str(r["rank"]), str(s["tp"]), str(s["pp"]), str(s["dp"]), str(s["cp"]), str(s["ep"]),
-                     str(s["micro_batch_size"]), sched, s["recompute"], str(s["zero_stage"]),
+                     str(s["micro_batch_size"]), sched, s["recompute"],
+                     str(s["zero_stage"]) + (f"/x{s['dp_replicate']}" if s.get("dp_replicate", 1) > 1 else ""),
                      "y" if s["sequence_parallel"] else "n", f"{r['iteration_time_ms']:,.1f}",
                      f"{lo:,.1f}-{hi:,.1f}", f"{r['peak_memory_GiB']:.1f}", f"{100 * r['mfu']:.1f}%",
                      f"{r['p_fastest']:.2f}"))

@@ -434,6 +434,9 @@ SEARCH_CONSTRAINTS = {
     "virtual_stages": ([2, 4], "virtual stages per rank of the interleaved schedule"),
     "recompute": (["none", "selective", "full"], "recomputation policies"),
     "zero_stages": ([0, 1, 2, 3], "ZeRO stages (2 and 3 only without a pipeline)"),
+    "hybrid_sharding": ([False, True], "with true, a ZeRO candidate whose data-parallel group leaves a node also "
+                                       "comes with one copy of its states per node (dp_replicate: FSDP "
+                                       "HYBRID_SHARD's layout); [true] alone keeps only that variant"),
     "sequence_parallel": ([True, False], "sequence parallelism choices (with tp > 1)"),
     "memory_headroom_GiB": (0.0, "memory to leave free on every device"),
     "fixed": ({}, "other strategy fields every candidate takes as given (e.g. flash_attention, "
@@ -471,14 +474,16 @@ def _check_constraints(model: Any, hw: Any, constraints: Optional[dict]) -> dict
         if c[k] is not None and (not isinstance(c[k], int) or isinstance(c[k], bool) or c[k] < 1):
             raise InputError(f"constraints.{k}: must be a positive integer, got {c[k]!r}")
     for k, allowed in (("schedules", ("gpipe", "1f1b", "interleaved")), ("recompute", ("none", "selective", "full")),
-                       ("zero_stages", (0, 1, 2, 3)), ("sequence_parallel", (True, False))):
+                       ("zero_stages", (0, 1, 2, 3)), ("sequence_parallel", (True, False)),
+                       ("hybrid_sharding", (True, False))):
         v = c[k]
         if not isinstance(v, list) or not v or any(x not in allowed or isinstance(x, bool) != isinstance(
                 allowed[0], bool) for x in v):
             raise InputError(f"constraints.{k}: must be a non-empty list of {list(allowed)}, got {v!r}")
     fixed = c["fixed"]
     searched = {"tp", "pp", "dp", "cp", "ep", "micro_batch_size", "global_batch_size", "pipeline_schedule",
-                "virtual_pipeline_stages", "recompute", "zero_stage", "sequence_parallel", "precision"}
+                "virtual_pipeline_stages", "recompute", "zero_stage", "sequence_parallel", "precision",
+                "dp_replicate"}
     if not isinstance(fixed, dict) or searched & set(fixed):
         raise InputError(f"constraints.fixed: must be an object of strategy fields the search does not vary "
                          f"(not {sorted(searched & set(fixed)) if isinstance(fixed, dict) else fixed!r})")
@@ -496,7 +501,8 @@ def enumerate_strategies(model: Any, hw: Any, constraints: Optional[dict] = None
     Candidates are the products of tp (powers of two dividing the attention heads, up to
     ``max_tp``), pp (divisors of the devices left, at most the layers), cp, dp (the rest),
     ep (MoE), micro-batch size (dividing the batch per data-parallel rank), schedule and
-    virtual stages, recomputation, ZeRO stage and sequence parallelism. Strategies the run
+    virtual stages, recomputation, ZeRO stage (with and without hybrid sharding: one copy of the states
+    per node) and sequence parallelism. Strategies the run
     validation rejects (e.g. interleaving whose micro-batches are not a multiple of pp) are counted by the
     caller as invalid, not hidden.
 
@@ -534,21 +540,39 @@ def enumerate_strategies(model: Any, hw: Any, constraints: Optional[dict] = None
                     sps = [sp for sp in c["sequence_parallel"] if tp > 1 or not sp] or [False]
                     zeros = [z for z in c["zero_stages"] if pp == 1 or z <= 1]
                     for ep in eps:
+                        sharding = [(z, r) for z in zeros for r in _replica_choices(z, tp, dp, cp, ep, hw.node_size,
+                                                                                    c["hybrid_sharding"])]
                         for sched, v in pipes:
                             for rc in c["recompute"]:
-                                for z in zeros:
+                                for z, r in sharding:
                                     for sp in sps:
                                         out.append({**c["fixed"], "tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep,
                                                     "micro_batch_size": mbs, "global_batch_size": gbs,
                                                     "pipeline_schedule": sched, "virtual_pipeline_stages": v,
-                                                    "recompute": rc, "zero_stage": z, "sequence_parallel": sp,
-                                                    "precision": c["precision"]})
+                                                    "recompute": rc, "zero_stage": z, "dp_replicate": r,
+                                                    "sequence_parallel": sp, "precision": c["precision"]})
                                         if len(out) > c["max_candidates"]:
                                             raise InputError(
                                                 f"constraints.max_candidates: the search space exceeds "
                                                 f"{c['max_candidates']} strategies; narrow it (e.g. tp, pp, "
                                                 f"micro_batch_size, recompute)")
     return c, out
+
+
+def _replica_choices(zero: int, tp: int, dp: int, cp: int, ep: int, node_size: int, hybrid: list) -> list[int]:
+    """``dp_replicate`` values a search tries for ZeRO stage ``zero``: 1 (one copy of the states, unless
+    ``hybrid`` is ``[True]``) and, with ``True`` in ``hybrid``, one copy per node — the dp·cp ranks inside a
+    node shard it, as FSDP's HYBRID_SHARD does — where that is a valid hybrid layout (ZeRO >= 1, the group
+    leaves the node, the copies divide dp and the expert data-parallel size)."""
+    if zero == 0:
+        return [1]
+    out = [1] if False in hybrid else []
+    if True in hybrid and tp <= node_size:
+        per_node = max(1, node_size // tp)
+        r = dp * cp // per_node
+        if (dp * cp) % per_node == 0 and 1 < r < dp * cp and dp % r == 0 and (dp * cp // ep) % r == 0:
+            out.append(r)
+    return out
 
 
 def _ranking_confidence(preds: list[dict]) -> tuple[list[float], list[float]]:

@@ -142,7 +142,7 @@ def _stage_signature(stage: Any) -> tuple:
 
 def build_graph(eg: Any, cost: Any) -> GraphBuilder:
     """The coarsened graph of execution graph ``eg`` with op times from cost model ``cost``."""
-    from ..graph.execution import gradient_buckets
+    from ..graph.execution import gradient_buckets, replica_allreduce
     from ..graph.ops import Group, comm
 
     run = eg.run
@@ -225,27 +225,37 @@ def build_graph(eg: Any, cost: Any) -> GraphBuilder:
                     last = i0 + k - 1
                 table_last[(gi, ci)] = last
             g.edge(f_last[(gi, ci)], b_first[(gi, ci)], _CTRL)
-            if s.per_layer_sharding and eg.dp_group.size > 1:
+            if s.per_layer_sharding and eg.shard_group.size > 1:
                 # one gather (forward; again for backward when fully sharded) and one reduce-scatter per layer
                 layers = max(1, chunk.num_layers)
                 phases = (("fwd", f_first), ("bwd", b_first)) if zero >= 3 else (("fwd", f_first),)
                 for phase, target in phases:
                     op = comm(f"chunk.fsdp_allgather.{phase}", "allgather", phase, chunk.params / layers * pbytes,
-                              eg.dp_group, s.precision)
+                              eg.shard_group, s.precision)
                     g.edge(g.node(feat(op), layers, m, first, count, ci), target[(gi, ci)], _CTRL)
                 op = comm("chunk.fsdp_reducescatter", "reducescatter", "bwd", chunk.params / layers * gbytes,
-                          eg.dp_group, s.reduce_precision)
+                          eg.shard_group, s.reduce_precision)
                 rs = g.node(feat(op), layers, m, first, count, ci)
                 g.edge(b_last[(gi, ci)], rs, _GRAD)
+                follow = replica_allreduce(eg, op)
+                if follow is not None:  # hybrid sharding: once an iteration, after the last reduce-scatter
+                    ar = g.node(feat(follow), layers, 1, first, count, ci)
+                    g.edge(rs, ar, _GRAD)
+                    rs = ar
                 grad_nodes.append(rs)
             else:
-                if zero in (1, 2) and eg.dp_group.size > 1:
-                    op = comm("chunk.param_allgather", "allgather", "fwd", chunk.params * pbytes, eg.dp_group,
+                if zero in (1, 2) and eg.shard_group.size > 1:
+                    op = comm("chunk.param_allgather", "allgather", "fwd", chunk.params * pbytes, eg.shard_group,
                               s.precision)
                     g.edge(g.node(feat(op), 1, 1, first, count, ci), f_first[(gi, ci)], _CTRL)
                 for op, nb in gradient_buckets(eg, chunk):
                     i = g.node(feat(op), nb, 1, first, count, ci)
                     g.edge(b_last[(gi, ci)], i, _GRAD)
+                    follow = replica_allreduce(eg, op)
+                    if follow is not None:  # hybrid sharding: each bucket's shard over the replicas
+                        ar = g.node(feat(follow), nb, 1, first, count, ci)
+                        g.edge(i, ar, _GRAD)
+                        i = ar
                     grad_nodes.append(i)
         if eg.tied_embedding_bytes and pp > 1 and (first == 0 or first + count - 1 == pp - 1):
             op = comm("tied_embedding_allreduce", "allreduce", "bwd", eg.tied_embedding_bytes,

@@ -22,7 +22,8 @@ What is covered, and how:
 * **cluster size** — ``2^k`` devices with ``k`` uniform in 0..14 (1 to 16,384),
   some ``3·2^k`` (as the 3,072-GPU SC21 runs);
 * **strategy** — tp, pp (gpipe / 1f1b / interleaved), dp, cp, ep (MoE), ZeRO 0-3,
-  FSDP, recompute none / selective / full, sequence parallelism, every precision
+  FSDP, hybrid sharding (a third of the sharded runs whose data-parallel group leaves a node: mostly
+  one copy of the states per node, as FSDP's HYBRID_SHARD, else any valid copy count), recompute none / selective / full, sequence parallelism, every precision
   the device supports (bf16/fp16 a quarter of the time as torch.autocast over fp32
   weights, else with fp32 master weights), micro-batch size and number of micro-batches.
 
@@ -55,7 +56,7 @@ from typing import Any, Iterator
 
 from ..errors import InputError, LearnedPerfError, SpecError
 
-SAMPLER_VERSION = "3"
+SAMPLER_VERSION = "4"
 """Version of the sampling distribution; a change gives other runs for the same seed."""
 
 FAMILIES = ("gpt", "llama", "bert", "moe")
@@ -81,6 +82,10 @@ _AUTOCAST_SHARE = 0.25
 #: share of interleaved draws kept to chunk counts that divide the layers, where one does: a sampling
 #: choice for coverage (the rest train the uneven layout), not a measured share
 _EVEN_INTERLEAVING_SHARE = 0.6
+#: share of sharded runs spanning nodes drawn with hybrid sharding, and of those the share sharded within a
+#: node (FSDP HYBRID_SHARD's default): sampling choices for coverage, not measured shares
+_HYBRID_SHARE = 0.3
+_HYBRID_NODE_SHARE = 0.6
 _BYTES_PER_PARAM = 18.0  # bf16 weights 2 + fp32 grads 4 + fp32 master 4 + two Adam moments 8 (ZeRO paper §3.1)
 
 
@@ -316,6 +321,14 @@ def _draw_strategy(rng: random.Random, spec_model: Any, device: dict, num_device
         eps = [e for e in _divisors(m.num_experts) if e > 1 and (dp * cp) % e == 0]
         if eps and rng.random() < 0.7:
             s["ep"] = rng.choice(eps)
+    sharded = s.get("fsdp") or s.get("zero_stage", 0) > 0
+    if sharded and tp * cp * dp > dpn and rng.random() < _HYBRID_SHARE:
+        replicas = _replica_options(dp, cp, s.get("ep", 1))
+        if replicas:
+            # a copy of the states per node: the dp·cp ranks inside one node (stride tp) shard it
+            node = dp * cp // max(1, dpn // tp) if tp <= dpn else 0
+            s["dp_replicate"] = (node if node in replicas and rng.random() < _HYBRID_NODE_SHARE
+                                 else rng.choice(replicas))
     precisions = {p: w for p, w in _PRECISION_WEIGHTS.items() if device["peak_tflops"].get(p) is not None}
     s["precision"] = _weighted(rng, precisions)
     if s["precision"] in ("bf16", "fp16") and rng.random() < _AUTOCAST_SHARE:
@@ -330,6 +343,11 @@ def _draw_strategy(rng: random.Random, spec_model: Any, device: dict, num_device
     if rng.random() < 0.1:
         s["optimizer"] = "sgd"
     return s
+
+
+def _replica_options(dp: int, cp: int, ep: int) -> list[int]:
+    """Valid ``dp_replicate`` > 1: dividing dp and the expert data-parallel size dp·cp/ep, below dp·cp."""
+    return [r for r in _divisors(dp) if 1 < r < dp * cp and (dp * cp // ep) % r == 0]
 
 
 def _memory_relief(rng: random.Random, s: dict) -> dict:
@@ -399,7 +417,7 @@ def states_lower_bound_GiB(spec: Any) -> float:
     moe_layers = m.num_moe_layers
     params = ((m.num_layers - moe_layers) * dense + moe_layers * (dense - mlp + m.num_experts // s.ep * mlp)
               + m.embedding_params()) / s.tp / s.pp
-    shards = s.dp * s.cp
+    shards = s.shard_size
     zero = s.effective_zero_stage
     pbytes, gbytes = state_bytes_per_param(s)
     opt = (4 if pbytes < 4 else 0) + (8 if s.optimizer == "adam" else 0)

@@ -34,7 +34,7 @@ from ..data.graphs import DTYPES, EDGE_TYPES, KINDS, NODE_FEATURES, PHASES, SHAP
 from ..errors import InputError
 from .ops import FeatureSchema
 
-GRAPH_FEATURE_SCHEMA_VERSION = 3
+GRAPH_FEATURE_SCHEMA_VERSION = 4
 """Version of the node, edge and global feature schemas together; bumped on any change of names,
 order or meaning (checkpoints refuse to load under another version)."""
 
@@ -91,7 +91,8 @@ def _global_features() -> tuple[tuple[str, str], ...]:
           ("log_node_size", "log(devices per node actually used)")]
     f += [(f"zero_stage={z}", f"1 if the effective ZeRO stage is {z} (FSDP: 3, or 2 for SHARD_GRAD_OP)")
           for z in _ZERO_STAGES]
-    f += [("fsdp", "1 with PyTorch FSDP (per-layer gathers through copy-in/copy-out buffers)")]
+    f += [("fsdp", "1 with PyTorch FSDP (per-layer gathers through copy-in/copy-out buffers)"),
+          ("log_dp_replicate", "log(copies of the sharded states): hybrid sharding, 0 = one copy")]
     f += [(f"recompute={r}", f"1 if activation recomputation is {r!r}") for r in _RECOMPUTE]
     f += [("sequence_parallel", "1 with Megatron sequence parallelism")]
     f += [(f"schedule={s}", f"1 if the pipeline schedule is {s!r}") for s in _SCHEDULES]
@@ -398,6 +399,7 @@ def global_feature_vector(spec: Any, sim_time_ms: float, breakdown_ms: Mapping[s
     for z in _ZERO_STAGES:
         cols[f"zero_stage={z}"] = float(s.effective_zero_stage == z)
     cols["fsdp"] = float(s.fsdp)
+    cols["log_dp_replicate"] = math.log(s.dp_replicate)
     for r in _RECOMPUTE:
         cols[f"recompute={r}"] = float(s.recompute == r)
     for sch in _SCHEDULES:

@@ -28,14 +28,14 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ..graph.execution import (chunk_layout, fsdp_copy_ops, group_placement, recompute_ops, stage_loads,
-                               state_bytes_per_param)
+from ..graph.execution import (chunk_layout, fsdp_copy_ops, group_placement, recompute_ops, sharding_groups,
+                               stage_loads, state_bytes_per_param)
 from ..graph.ops import comm
 from ..graph.transformer import (backward_of, embedding_backward, embedding_forward, head_forward, layer_forward,
                                  operator_graph, optimizer_ops, shard_for)
 from .ops import FeatureSchema
 
-RUN_FEATURE_SCHEMA_VERSION = 3
+RUN_FEATURE_SCHEMA_VERSION = 4
 """Version of :data:`RUN_FEATURE_SCHEMA`; bumped on any change of names, order or meaning."""
 
 _ARCHS = ("gpt", "llama", "bert", "moe")
@@ -79,6 +79,7 @@ def _features() -> tuple[tuple[str, str], ...]:
           ("log_microbatches", "log micro-batches per iteration"), ("log_global_batch", "log global batch"),
           ("zero_stage", "effective ZeRO stage (FSDP: 3, or 2 for SHARD_GRAD_OP)"),
           ("fsdp", "1 with PyTorch FSDP (per-layer gathers through copy-in/copy-out buffers)"),
+          ("log_dp_replicate", "log copies of the sharded states (hybrid sharding; 0 = one copy)"),
           ("sequence_parallel", "1 with sequence parallelism"),
           ("flash_attention", "1 with a fused attention kernel"),
           ("overlap_grad_reduce", "1 if gradient reduction overlaps backward"),
@@ -297,10 +298,12 @@ def analytic_time(run: Any, ctx: RunContext, loads: Optional[list] = None) -> An
     pbytes, gbytes = state_bytes_per_param(s)
     dp_group = group_placement(dp * cp, tp, dpn)
     edp_group = group_placement(dp * cp // s.ep, tp * s.ep, dpn) if s.ep > 1 else dp_group
+    shard_group, eshard_group, rep_group = sharding_groups(run)
     bucket = s.grad_bucket_size_MiB * 1048576.0
     red = s.reduce_precision
     dp_s = 0.0
-    per_layer = s.per_layer_sharding and dp_group.size > 1
+    per_layer = s.per_layer_sharding and shard_group.size > 1
+    replica_s = 0.0  # hybrid sharding: the reduced shards all-reduced over the replicas, once an iteration
     if per_layer:
         # per micro-batch and layer (the simulator groups layers into units but keeps every layer's
         # collective): gather the weights for forward and, fully sharded, again for backward;
@@ -308,41 +311,54 @@ def analytic_time(run: Any, ctx: RunContext, loads: Optional[list] = None) -> An
         params = dense_p + expert_p
         pieces = max(1, round(m.num_layers / pp))
         gathers = 2 if zero >= 3 else 1
-        gather_mb = _collective_s(ctx, "allgather", params * pbytes, dp_group, s.precision, pieces)
-        rs_mb = _collective_s(ctx, "reducescatter", params * gbytes, dp_group, red, pieces)
-        dp_s = mb * (gathers * gather_mb + rs_mb)
+        gather_mb = _collective_s(ctx, "allgather", params * pbytes, shard_group, s.precision, pieces)
+        rs_mb = _collective_s(ctx, "reducescatter", params * gbytes, shard_group, red, pieces)
+        replica_s = _collective_s(ctx, "allreduce", params * gbytes / shard_group.size, rep_group, red, pieces)
+        dp_s = mb * (gathers * gather_mb + rs_mb) + replica_s
         # what a per-layer layout cannot hide: the first layer's gather (with the embedding and head) and
         # the last layer's reduce-scatter of each micro-batch
         root = heaviest.root_params
         one = (params - root) / max(1.0, m.num_layers / pp) + root
-        first_gather = _collective_s(ctx, "allgather", one * pbytes, dp_group, s.precision)
-        last_rs = _collective_s(ctx, "reducescatter", one * gbytes, dp_group, red)
+        first_gather = _collective_s(ctx, "allgather", one * pbytes, shard_group, s.precision)
+        last_rs = _collective_s(ctx, "reducescatter", one * gbytes, shard_group, red)
+        last_rs += _collective_s(ctx, "allreduce", one * gbytes / shard_group.size, rep_group, red) / mb
         if s.fsdp:
             # FSDP's copy-in / copy-out passes run on the compute stream
             layer_p = params / pieces
-            copies = sum(ctx.cost.compute_time_s(op) for op in fsdp_copy_ops("allgather", layer_p, dp_group.size, s))
+            copies = sum(ctx.cost.compute_time_s(op)
+                         for op in fsdp_copy_ops("allgather", layer_p, shard_group.size, s))
             copies = gathers * copies + sum(ctx.cost.compute_time_s(op)
-                                            for op in fsdp_copy_ops("reducescatter", layer_p, dp_group.size, s))
+                                            for op in fsdp_copy_ops("reducescatter", layer_p, shard_group.size, s))
             compute += mb * pieces * copies
     else:
         kind = "allreduce" if zero == 0 else "reducescatter"
-        for params, group in ((dense_p, dp_group), (expert_p, edp_group)):
+        groups = ((dense_p, dp_group), (expert_p, edp_group)) if zero == 0 else ((dense_p, shard_group),
+                                                                                 (expert_p, eshard_group))
+        for params, group in groups:
             total = params * gbytes
-            dp_s += _collective_s(ctx, kind, total, group, red, max(1, round(total / bucket)))
+            buckets = max(1, round(total / bucket))
+            if zero >= 1 and group.size <= 1:  # one rank per copy: only the replicas reduce (as the simulator)
+                dp_s += _collective_s(ctx, "allreduce", total, rep_group, red, buckets)
+                continue
+            dp_s += _collective_s(ctx, kind, total, group, red, buckets)
+            if zero >= 1:
+                dp_s += _collective_s(ctx, "allreduce", total / group.size, rep_group, red, buckets)
         if zero >= 1:
-            dp_s += _collective_s(ctx, "allgather", (dense_p + expert_p) * pbytes, dp_group, s.precision)
+            dp_s += _collective_s(ctx, "allgather", (dense_p + expert_p) * pbytes, shard_group, s.precision)
     # the last micro-batch's backward (about 2/3 of its compute) hides an overlapped reduction;
     # ZeRO-3 gathers are prefetched under the compute of every micro-batch, layer by layer
     if per_layer:
         if s.overlap_param_gather:
             # backward gathers and reduce-scatters run on two streams side by side
-            busy_mb = gather_mb + max((gathers - 1) * gather_mb, rs_mb)
+            # (the replicas' all-reduce runs after the last micro-batch's reduce-scatters, on their stream)
+            busy_mb = gather_mb + max((gathers - 1) * gather_mb, rs_mb + replica_s / mb)
             exposed = mb * (first_gather + last_rs + max(0.0, busy_mb - compute / mb))
         else:  # gathers block the compute stream; reduce-scatters still run beside the backward
-            exposed = mb * (gathers * gather_mb + last_rs + max(0.0, rs_mb - compute / mb * 2.0 / 3.0))
+            exposed = mb * (gathers * gather_mb + last_rs
+                            + max(0.0, rs_mb + replica_s / mb - compute / mb * 2.0 / 3.0))
     else:
         exposed = max(0.0, dp_s - (compute * 2.0 / 3.0 / mb if s.overlap_grad_reduce else 0.0))
-    local = (dense_p + expert_p) / (dp * cp if zero >= 1 else 1)
+    local = (dense_p / s.shard_size + expert_p / s.expert_shard_size) if zero >= 1 else dense_p + expert_p
     opt = sum(ctx.cost.compute_time_s(op) for op in optimizer_ops(local, s.optimizer, s.weight_precision))
     bubble = (pp - 1) / (v * mb) if pp > 1 else 0.0
     return AnalyticTime(compute, layer_comm, flops / peak, memory_bound, pp_s, dp_s, opt, bubble, exposed)
@@ -365,7 +381,8 @@ def run_features(run: Any, ctx: RunContext, peak_memory_GiB: float,
     x += ctx.device_static
     x += [float(s.tp), float(s.pp), math.log(s.dp), float(s.cp), float(s.ep), float(s.virtual_pipeline_stages),
           float(s.micro_batch_size), math.log(run.num_microbatches), math.log(s.global_batch_size),
-          float(s.effective_zero_stage), 1.0 if s.fsdp else 0.0, 1.0 if s.sequence_parallel and s.tp > 1 else 0.0,
+          float(s.effective_zero_stage), 1.0 if s.fsdp else 0.0, math.log(s.dp_replicate),
+          1.0 if s.sequence_parallel and s.tp > 1 else 0.0,
           1.0 if s.flash_attention else 0.0, 1.0 if s.overlap_grad_reduce else 0.0,
           1.0 if s.overlap_param_gather else 0.0, 1.0 if s.overlap_p2p else 0.0,
           float(_BYTES[s.reduce_precision]), 1.0 if s.optimizer == "adam" else 0.0]

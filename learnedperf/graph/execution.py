@@ -79,6 +79,11 @@ class ExecutionGraph:
     grad_bytes_per_param: int
     param_bytes_per_param: int
     tied_embedding_bytes: float  # grads exchanged between first and last stage (tied embeddings, pp>1)
+    # ZeRO/FSDP collectives run in one copy of the sharded states (dp·cp/dp_replicate ranks; the dp group
+    # without hybrid sharding); hybrid sharding all-reduces each shard's gradients over the replicas
+    shard_group: Group = Group(1, 1)
+    expert_shard_group: Group = Group(1, 1)
+    replicate_group: Group = Group(1, 1)
 
     def num_ops(self) -> int:
         """Distinct op entries across all stage programs (a size measure)."""
@@ -289,6 +294,7 @@ def compile_run(run: RunSpec, num_microbatches: int | None = None) -> ExecutionG
     ep_group = group_placement(s.ep, tp, dpn)
     dp_group = group_placement(dp * cp, tp, dpn)
     expert_dp_group = group_placement(dp * cp // s.ep, tp * s.ep, dpn) if s.ep > 1 else dp_group
+    shard_group, expert_shard_group, replicate_group = sharding_groups(run)
     pp_group = group_placement(pp, tp * cp * dp, dpn)
     sh: Shard = shard_for(run, tp_group, cp_group, ep_group)
 
@@ -339,7 +345,10 @@ def compile_run(run: RunSpec, num_microbatches: int | None = None) -> ExecutionG
         else:
             sched = schedule_1f1b(pp, m, st)
         params = sum(c.params for c in chunks)
-        local = params / dp if zero >= 1 else params  # ZeRO shards the optimizer step over dp
+        # ZeRO shards the optimizer step over one copy of the states: dp·cp/dp_replicate ranks for dense
+        # parameters, dp·cp/(ep·dp_replicate) for expert parameters
+        dense = sum(c.dense_params for c in chunks)
+        local = (dense / s.shard_size + (params - dense) / s.expert_shard_size) if zero >= 1 else params
         stages.append(Stage(st, chunks, sched, optimizer_ops(local, s.optimizer, s.weight_precision)))
 
     h, V = model.hidden_size, model.vocab_size
@@ -347,7 +356,22 @@ def compile_run(run: RunSpec, num_microbatches: int | None = None) -> ExecutionG
     p2p_bytes = sh.tokens * h * sh.e_res / (tp if sh.sp else 1)  # the residual stream crosses stages
     tied = V * h / tp * gbytes if (model.tie_embeddings and n_v > 1) else 0.0
     return ExecutionGraph(run, stages, m, p2p_bytes, pp_group, dp_group, expert_dp_group, tp_group,
-                          s.grad_bucket_size_MiB * MiB, gbytes, pbytes, tied)
+                          s.grad_bucket_size_MiB * MiB, gbytes, pbytes, tied, shard_group, expert_shard_group,
+                          replicate_group)
+
+
+def sharding_groups(run: RunSpec) -> tuple[Group, Group, Group]:
+    """Placement of the groups ZeRO/FSDP collectives run in: ``(shard, expert shard, replicate)``.
+
+    One copy of the sharded states lies on ``dp·cp/dp_replicate`` ranks spaced ``tp`` apart (the dense
+    shard group; the whole dp group without hybrid sharding), or ``dp·cp/(ep·dp_replicate)`` spaced
+    ``tp·ep`` apart (experts). The ``dp_replicate`` copies sit ``tp·dp·cp/dp_replicate`` ranks apart, so a
+    shard group inside a node all-reduces its shards across nodes (FSDP HYBRID_SHARD's layout).
+    """
+    s, dpn = run.strategy, run.hardware.node_size
+    shard = group_placement(s.shard_size, s.tp, dpn)
+    expert = group_placement(s.expert_shard_size, s.tp * s.ep, dpn) if s.ep > 1 else shard
+    return shard, expert, group_placement(s.dp_replicate, s.tp * s.shard_size, dpn)
 
 
 def gradient_buckets(eg: ExecutionGraph, chunk: Chunk) -> list[tuple[Op, int]]:
@@ -356,26 +380,52 @@ def gradient_buckets(eg: ExecutionGraph, chunk: Chunk) -> list[tuple[Op, int]]:
     Buckets are equal slices of the chunk's gradients (``bucket_bytes`` each, rounded to a whole
     number), dense parameters first, then expert parameters (reduced in their own group), in
     the order backward produces them. DDP (ZeRO 0) all-reduces; ZeRO 1/2 reduce-scatter (each rank
-    keeps its shard); ZeRO 3 / FSDP reduce-scatter per micro-batch (handled by the simulator).
+    keeps its shard) in the shard group; ZeRO 3 / FSDP reduce-scatter per micro-batch (handled by the
+    simulator). Under hybrid sharding each bucket's reduce-scatter is followed by the all-reduce of its
+    shard over the replicas (:func:`replica_allreduce`).
     """
     s = eg.run.strategy
-    kind = "allreduce" if s.effective_zero_stage == 0 else "reducescatter"
+    zero = s.effective_zero_stage
+    kind = "allreduce" if zero == 0 else "reducescatter"
     out: list[tuple[Op, int]] = []
-    for params, group, tag in ((chunk.dense_params, eg.dp_group, "dense"),
-                               (chunk.expert_params, eg.expert_dp_group, "expert")):
+    for params, group, tag in ((chunk.dense_params, eg.dp_group if zero == 0 else eg.shard_group, "dense"),
+                               (chunk.expert_params, eg.expert_dp_group if zero == 0 else eg.expert_shard_group,
+                                "expert")):
+        op_kind = kind
+        if group.size <= 1 and zero >= 1:
+            # experts sharded one rank per copy (dp·cp = ep·dp_replicate): only the replicas reduce them
+            group, op_kind = eg.replicate_group, "allreduce"
         if params <= 0 or group.size <= 1:
             continue
         total = params * eg.grad_bytes_per_param
         n = max(1, round(total / eg.bucket_bytes))
-        out.append((comm(f"chunk{chunk.vstage}.{tag}.grad_{kind}", kind, "bwd", total / n, group,
+        out.append((comm(f"chunk{chunk.vstage}.{tag}.grad_{op_kind}", op_kind, "bwd", total / n, group,
                          s.reduce_precision), n))
     return out
 
 
+def replica_allreduce(eg: ExecutionGraph, op: Op) -> Op | None:
+    """The all-reduce over the ``dp_replicate`` replicas that follows the reduce-scatter ``op`` under hybrid
+    sharding: each rank's shard of ``op``'s gradients (``op.bytes`` / group size); None without hybrid
+    sharding (or for an all-reduce, which already spans every replica)."""
+    if eg.replicate_group.size <= 1 or op.kind != "reducescatter":
+        return None
+    return comm(f"{op.name}.replica_allreduce", "allreduce", op.phase, op.bytes / max(1, op.group.size),
+                eg.replicate_group, op.dtype)
+
+
 def gradient_collectives(eg: ExecutionGraph, chunk: Chunk) -> list[Op]:
-    """Gradient-reduction collectives of one chunk, one per bucket (see :func:`gradient_buckets`)."""
-    return [Op(f"{op.name}{i}", op.kind, op.phase, op.flops, op.bytes, op.dtype, op.shape, op.group)
-            for op, n in gradient_buckets(eg, chunk) for i in range(n)]
+    """Gradient-reduction collectives of one chunk, one per bucket (see :func:`gradient_buckets`), each
+    followed by its :func:`replica_allreduce` under hybrid sharding."""
+    out = []
+    for op, n in gradient_buckets(eg, chunk):
+        follow = replica_allreduce(eg, op)
+        for i in range(n):
+            out.append(Op(f"{op.name}{i}", op.kind, op.phase, op.flops, op.bytes, op.dtype, op.shape, op.group))
+            if follow is not None:
+                out.append(Op(f"{follow.name}{i}", follow.kind, follow.phase, follow.flops, follow.bytes,
+                              follow.dtype, follow.shape, follow.group))
+    return out
 
 
 def fsdp_copy_ops(kind: str, params: float, dp: int, s) -> list[Op]:

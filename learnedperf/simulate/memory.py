@@ -4,7 +4,8 @@ Model states follow Rajbhandari et al., "ZeRO" (SC20) §3.1 with Megatron's
 mixed-precision layout: low-precision weights, gradients in the reduction
 precision (fp32 in Megatron's bf16 recipe), fp32 master weights and two Adam
 moments; ZeRO-1 shards the optimizer states over dp, ZeRO-2 also the gradients,
-ZeRO-3 / FSDP also the weights. Under torch.autocast (``mixed_precision: "autocast"``) the weights
+ZeRO-3 / FSDP also the weights; hybrid sharding (``dp_replicate`` > 1) shards them over one copy's
+dp·cp/dp_replicate ranks instead. Under torch.autocast (``mixed_precision: "autocast"``) the weights
 and gradients are fp32 and there is no separate master copy; each layer's low-precision weight
 copies are saved for its backward, like activations.
 
@@ -147,7 +148,9 @@ def peak_memory_of(run, loads: list[StageLoad] | None = None) -> MemoryBreakdown
 def _peak(run, loads: list[StageLoad], in_flight: list[int]) -> MemoryBreakdown:
     """The most loaded stage, given each stage's load and forward units in flight."""
     m, s = run.model, run.strategy
-    dp = s.dp * s.cp  # ZeRO shards over the whole data-parallel group (dp·cp in Megatron)
+    # ZeRO shards over the whole data-parallel group (dp·cp in Megatron), or over one of its dp_replicate
+    # copies under hybrid sharding
+    dp = s.shard_size
     zero = s.effective_zero_stage
     pbytes, gbytes = state_bytes_per_param(s)
     adam = s.optimizer == "adam"

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..cost import CostModel, RooflineCost
-from ..graph.execution import (Chunk, ExecutionGraph, compile_run, fsdp_copy_ops, gradient_buckets,
+from ..graph.execution import (Chunk, ExecutionGraph, compile_run, fsdp_copy_ops, gradient_buckets, replica_allreduce,
                                sharded_units_per_chunk)
 from ..graph.ops import Group, Op, comm
 from ..graph.transformer import model_flops_per_iteration
@@ -171,7 +171,8 @@ class _Builder:
 
     def sharded_comm(self, stream: int, stage: int, kind: str, params: float, layers: int, deps,
                      name: str) -> int:
-        """One unit's ZeRO-3/FSDP gather or reduce-scatter: ``layers`` collectives of ``params / layers``.
+        """One unit's ZeRO-3/FSDP gather, reduce-scatter or (``kind`` "allreduce", hybrid sharding) all-reduce of
+        the reduced shards over the replicas: ``layers`` collectives of ``params / layers``.
 
         A unit of grouped layers keeps each layer's collective latency and bytes in one task.
         """
@@ -181,9 +182,12 @@ class _Builder:
             s, eg = self.run.strategy, self.eg
             per = params / max(1, layers)
             if kind == "allgather":
-                op = comm(name, kind, "fwd", per * eg.param_bytes_per_param, eg.dp_group, s.precision)
-            else:
-                op = comm(name, kind, "bwd", per * eg.grad_bytes_per_param, eg.dp_group, s.reduce_precision)
+                op = comm(name, kind, "fwd", per * eg.param_bytes_per_param, eg.shard_group, s.precision)
+            elif kind == "reducescatter":
+                op = comm(name, kind, "bwd", per * eg.grad_bytes_per_param, eg.shard_group, s.reduce_precision)
+            else:  # hybrid sharding: this rank's shard of the layer's gradients, all-reduced over the replicas
+                op = comm(name, kind, "bwd", per * eg.grad_bytes_per_param / eg.shard_group.size,
+                          eg.replicate_group, s.reduce_precision)
             c = self.comm_cost(op)
             n = max(1, layers)
             hit = self.sharded_memo[key] = (c.latency_s * n, self.demands(stage, c.intra_bytes * n, c.inter_bytes * n))
@@ -246,7 +250,7 @@ class _Builder:
         t = self.copy_memo.get(key)
         if t is None:
             n = max(1, layers)
-            ops = fsdp_copy_ops(kind, params / n, self.eg.dp_group.size, self.run.strategy)
+            ops = fsdp_copy_ops(kind, params / n, self.eg.shard_group.size, self.run.strategy)
             t = self.copy_memo[key] = n * sum(self.cost.compute_time_s(op) for op in ops)
         return t
 
@@ -270,7 +274,10 @@ class _Builder:
             merged: dict[int, list[float]] = {}
             k0 = 0
             for op, n in buckets:
-                c = self.comm_cost(op)
+                parts = [self.comm_cost(op)]
+                follow = replica_allreduce(self.eg, op)
+                if follow is not None:  # hybrid sharding: the bucket's shard is all-reduced over the replicas
+                    parts.append(self.comm_cost(follow))
                 # bucket k (over all kinds) is released by segment k·nseg // total
                 for seg in range(k0 * nseg // total, (k0 + n - 1) * nseg // total + 1):
                     lo = max(k0, -(-seg * total // nseg))
@@ -278,9 +285,10 @@ class _Builder:
                     if hi <= lo:
                         continue
                     acc = merged.setdefault(seg, [0.0, 0.0, 0.0])
-                    acc[0] += c.latency_s * (hi - lo)
-                    acc[1] += c.intra_bytes * (hi - lo)
-                    acc[2] += c.inter_bytes * (hi - lo)
+                    for c in parts:
+                        acc[0] += c.latency_s * (hi - lo)
+                        acc[1] += c.intra_bytes * (hi - lo)
+                        acc[2] += c.inter_bytes * (hi - lo)
                 k0 += n
             out = self.grad_memo[key] = (nseg, [(seg, *acc) for seg, acc in sorted(merged.items())])
         return out
@@ -334,7 +342,7 @@ class _Builder:
         pbytes = eg.param_bytes_per_param
         # ZeRO-3 and FSDP gather parameters and reduce-scatter gradients layer by layer (FSDP's SHARD_GRAD_OP
         # gathers in forward only); ZeRO-1/2 reduce buckets and gather the whole state after the step
-        per_layer = s.per_layer_sharding and eg.dp_group.size > 1
+        per_layer = s.per_layer_sharding and eg.shard_group.size > 1
         gather_bwd = per_layer and zero >= 3
         if per_layer:
             # gathers prefetch on their own stream (or block the compute stream); reduce-scatters on a third
@@ -347,11 +355,11 @@ class _Builder:
                       for st in eg.stages for c in st.chunks}
             bunits = {c.vstage: _layer_units(c.backward, cost, c.vstage == n_v - 1, c.vstage == 0, cap)
                       for st in eg.stages for c in st.chunks}
-        elif zero in (1, 2) and eg.dp_group.size > 1 and s.overlap_param_gather:
+        elif zero in (1, 2) and eg.shard_group.size > 1 and s.overlap_param_gather:
             for st in eg.stages:
                 for c in st.chunks:
                     op = comm(f"chunk{c.vstage}.param_allgather", "allgather", "fwd", c.params * pbytes,
-                              eg.dp_group, s.precision)
+                              eg.shard_group, s.precision)
                     param_gather[c.vstage] = self.collective(dp_streams[st.index], st.index, op, (), "dp_comm")
 
         # Build in a global order that respects cross-stage deps: iterate schedules round-robin by position
@@ -430,6 +438,11 @@ class _Builder:
                                 # (from when it can start), its last layer (with the root's) once it is done
                                 _, last = self.split_comm(rs_streams[i], i, "reducescatter", body, root, layers, d,
                                                           (t,), False, f"chunk{vs}.fsdp_reducescatter.b{mb}.{u}")
+                                if is_last and eg.replicate_group.size > 1:
+                                    # hybrid sharding: the accumulated shards are all-reduced over the replicas
+                                    # once, after the last micro-batch's reduce-scatter of the unit
+                                    last = self.sharded_comm(rs_streams[i], i, "allreduce", body * layers + root,
+                                                             layers, (last,), f"chunk{vs}.hsdp_allreduce.{u}")
                                 sharded_grads[i].append(last)
                         for seg, g_lat, g_intra, g_inter in grads:
                             dep = (done[seg],) if overlap else ()
@@ -465,10 +478,10 @@ class _Builder:
             deps = list(grad_tasks[i]) + list(sharded_grads[i]) + [e.stream_tasks[self.compute_streams[i]][-1]]
             dur = sum(cost.compute_time_s(op) for op in st.optimizer)
             t = e.compute(self.compute_streams[i], dur, deps, "optimizer", f"optimizer{i}")
-            if zero in (1, 2) and not per_layer and eg.dp_group.size > 1 and not s.overlap_param_gather:
+            if zero in (1, 2) and not per_layer and eg.shard_group.size > 1 and not s.overlap_param_gather:
                 for c in st.chunks:
                     op = comm(f"chunk{c.vstage}.param_allgather", "allgather", "opt", c.params * pbytes,
-                              eg.dp_group, s.precision)
+                              eg.shard_group, s.precision)
                     t = self.collective(self.compute_streams[i], i, op, (t,), "dp_comm")
             self.opt_tasks.append(t)
         self.fcost, self.bcost = fcost, bcost

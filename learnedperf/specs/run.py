@@ -191,6 +191,18 @@ def _complete_strategy(model: ModelSpec, hw: HardwareSpec, s: Strategy) -> Strat
             raise SpecError("strategy.ep", f"ep={s.ep} does not divide num_experts={model.num_experts}")
         if (dp * s.cp) % s.ep:
             raise SpecError("strategy.ep", f"ep={s.ep} must divide dp·cp={dp * s.cp}")
+    if s.dp_replicate > 1:
+        # the replicas are whole shard groups, each holding all cp ranks (torchtitan's mesh order:
+        # replicate, shard, cp, tp) and, with experts, whole expert groups
+        if dp % s.dp_replicate:
+            raise SpecError("strategy.dp_replicate", f"dp_replicate={s.dp_replicate} does not divide dp={dp}")
+        if s.dp_replicate == dp * s.cp:
+            raise SpecError("strategy.dp_replicate", f"dp_replicate={s.dp_replicate} = dp·cp leaves one rank per "
+                                                     "copy of the states: that is plain data parallelism "
+                                                     "(zero_stage 0, dp_replicate 1)")
+        if (dp * s.cp // s.ep) % s.dp_replicate:
+            raise SpecError("strategy.dp_replicate", f"dp_replicate={s.dp_replicate} does not divide the expert "
+                                                     f"data-parallel size dp·cp/ep = {dp * s.cp // s.ep}")
     if hw.device.peak_tflops.get(s.precision) is None:
         raise SpecError("strategy.precision", f"device {hw.device.name} has no {s.precision} math")
     if s.pipeline_schedule == "interleaved" and s.pp < 2:

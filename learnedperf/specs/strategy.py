@@ -38,6 +38,13 @@ class Strategy(Spec):
         description="PyTorch FSDP: parameters gathered and gradients reduce-scattered layer by layer, through "
                     "flat copy-in/copy-out buffers; full sharding (FULL_SHARD, ZeRO-3 traffic) unless "
                     "zero_stage is 2 (SHARD_GRAD_OP: parameters kept gathered from forward to backward)")
+    dp_replicate: int = Field(
+        default=1, ge=1, le=_MAX,
+        description="hybrid sharding (HSDP): ZeRO/FSDP states are sharded over dp·cp/dp_replicate ranks and "
+                    "replicated over dp_replicate such groups, whose sharded gradients are all-reduced once an "
+                    "iteration (FSDP HYBRID_SHARD, torchtitan's data_parallel_replicate_degree, Megatron's "
+                    "num_distributed_optimizer_instances, DeepSpeed MiCS); 1 = states sharded over all dp·cp "
+                    "ranks")
     recompute: Literal["none", "selective", "full"] = "none"
     sequence_parallel: bool = False
     precision: Precision = "bf16"
@@ -65,6 +72,9 @@ class Strategy(Spec):
         if self.fsdp and self.zero_stage == 1:
             raise FieldValueError("fsdp", "FSDP shards parameters (zero_stage 3, FULL_SHARD) or gradients and "
                                           "optimizer state (zero_stage 2, SHARD_GRAD_OP); it has no ZeRO-1 mode")
+        if self.dp_replicate > 1 and self.effective_zero_stage == 0:
+            raise FieldValueError("dp_replicate", "hybrid sharding replicates sharded states: it needs zero_stage "
+                                                  ">= 1 or fsdp (without sharding every rank holds a replica)")
         if self.pipeline_schedule == "interleaved" and self.virtual_pipeline_stages < 2:
             raise FieldValueError("virtual_pipeline_stages",
                                   "pipeline_schedule 'interleaved' needs virtual_pipeline_stages >= 2")
@@ -77,6 +87,20 @@ class Strategy(Spec):
     def effective_zero_stage(self) -> int:
         """ZeRO stage: FSDP counts as stage 3 (FULL_SHARD) unless zero_stage says 2 (SHARD_GRAD_OP)."""
         return 3 if self.fsdp and self.zero_stage != 2 else self.zero_stage
+
+    @property
+    def shard_size(self) -> int:
+        """Ranks that shard one copy of the ZeRO/FSDP states: dp·cp / dp_replicate (needs ``dp``, which
+        :class:`~learnedperf.specs.run.RunSpec` derives). Without sharding (ZeRO 0) it is still the size of the
+        group that reduces gradients."""
+        if self.dp is None:
+            raise ValueError("shard_size needs dp (derived by RunSpec)")
+        return self.dp * self.cp // self.dp_replicate
+
+    @property
+    def expert_shard_size(self) -> int:
+        """Ranks that shard one copy of the expert parameters' states: dp·cp / (ep·dp_replicate)."""
+        return self.shard_size // self.ep
 
     @property
     def per_layer_sharding(self) -> bool:
