@@ -192,8 +192,8 @@ def test_committed_zero2_steps_say_fsdp_and_the_amendment_is_idempotent(tmp_path
         return run
 
     assert amend_steps(data, strip, command="test", what="undo", record_unchanged=False,
-                       kind=lambda run, old: "zero" if run["strategy"].get("zero_stage") == 2 else old) == 3
-    assert amend_fsdp(data, "test") == 3
+                       kind=lambda run, old: "zero" if run["strategy"].get("zero_stage") == 2 else old) == len(zero2)
+    assert amend_fsdp(data, "test") == len(zero2) == 4  # three ZeRO-2 steps and one hybrid
     again = pd.read_parquet(data / "steps_cpu.parquet")
     for col in ("run", "run_id", "strategy_kind", "iteration_time_ms"):
         assert again[col].tolist() == steps[col].tolist(), col

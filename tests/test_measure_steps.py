@@ -115,6 +115,12 @@ def test_model_parameter_count_matches_spec():
     ({"cp": 2}, 2, "strategy.cp"),                       # not a measured-step key
     ({"precision": "fp8"}, 1, "strategy.precision"),
     ({"zero_stage": 1, "tp": 2}, 2, "strategy.zero_stage"),
+    ({"fsdp": True, "dp_replicate": 3}, 4, "strategy.dp_replicate"),   # 3 does not divide dp = 4
+    ({"fsdp": True, "dp_replicate": 4}, 4, "strategy.dp_replicate"),   # = dp: one rank per copy, plain DP
+    ({"fsdp": True, "dp_replicate": 0}, 4, "strategy.dp_replicate"),
+    ({"fsdp": True, "dp_replicate": True}, 4, "strategy.dp_replicate"),
+    ({"dp_replicate": 2}, 4, "strategy.dp_replicate"),                 # nothing sharded to replicate
+    ({"zero_stage": 1, "dp_replicate": 2}, 4, "strategy.dp_replicate"),  # ZeRO-1 is not measured on FSDP2
 ])
 def test_invalid_config_is_rejected_before_starting(strategy, world, field):
     t0 = time.perf_counter()
@@ -204,3 +210,73 @@ def test_four_process_combinations_match_single_process():
     for extra in ({"pp": 2}, {"tp": 2, "pp": 2, "pipeline_schedule": "gpipe"}):
         losses = train_losses(StepConfig(GPT, 4, {**strat, **extra}, learning_rate=LR), 2)
         assert losses == pytest.approx(plain, rel=1e-4, abs=1e-5), extra
+
+
+def test_hsdp_step_four_processes():
+    # two replicas of states sharded over two ranks, two micro-batches (the replica all-reduce once, after both)
+    cfg = StepConfig(GPT, 4, {"fsdp": True, "dp_replicate": 2, "global_batch_size": 8}, warmup=1, repeats=3)
+    run = _check_record(measure_step(cfg, HARDWARE), 4, "fsdp")
+    assert run["strategy"]["dp_replicate"] == 2 and run["strategy"]["zero_stage"] == 3
+    spec = RunSpec.from_dict(run)
+    assert (spec.strategy.dp_replicate, spec.strategy.shard_size, spec.num_microbatches) == (2, 2, 2)
+    # without hybrid sharding the run says nothing of it, as records written before dp_replicate existed
+    assert "dp_replicate" not in run_dict(StepConfig(GPT, 4, {"fsdp": True}), HARDWARE)["strategy"]
+    assert run_dict(StepConfig(GPT, 4, {"zero_stage": 2, "dp_replicate": 2}), HARDWARE)["strategy"]["fsdp"] is True
+
+
+def test_hsdp_shards_over_half_the_ranks_and_trains_like_one_process():
+    from learnedperf.measure.models import build_model, count_parameters
+    from learnedperf.measure.steps import _execute
+
+    full = count_parameters(build_model(GPT))
+    strat = {**SGD, "global_batch_size": 8}
+    plain = train_losses(StepConfig(GPT, 1, strat, learning_rate=LR), 2)
+    for extra, copies in (({"fsdp": True}, 1), ({"fsdp": True, "dp_replicate": 2}, 2),
+                          ({"zero_stage": 2, "dp_replicate": 2}, 2)):
+        ranks = _execute(plan_step(StepConfig(GPT, 4, {**strat, **extra}, learning_rate=LR)), 2)
+        # FSDP2 shards each parameter's dim 0 over the shard group (every dim 0 of GPT divides by 4): FSDP's 4 ranks
+        # hold a quarter of the model each, HSDP's shard groups of 2 a half
+        assert [r["local_params"] for r in ranks] == [full * copies // 4] * 4, extra
+        losses = [sum(r["losses"][i] for r in ranks) / len(ranks) for i in range(2)]
+        assert losses == pytest.approx(plain, rel=1e-4, abs=1e-5), extra
+
+
+def test_committed_cpu_steps_cover_the_grid(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    import pandas as pd
+
+    from learnedperf.measure import bench, collect
+    from learnedperf.measure.records import STEP_COLUMNS as COLS, sha256_file, verify_manifest, write_parquet
+
+    data = Path(__file__).resolve().parents[1] / "datasets" / "measured" / "vm-xeon-2c"
+    # every grid configuration has a record whose run is exactly what measure_step would now write
+    assert collect.add_missing_steps(data, dry_run=True) == []
+    steps = pd.read_parquet(data / "steps_cpu.parquet")
+    hsdp = [json.loads(r)["strategy"] for r in steps["run"] if '"dp_replicate"' in r]
+    assert len(hsdp) == 4 and all(s["dp_replicate"] == 2 and s["fsdp"] for s in hsdp)
+
+    # a copy without one (cheap) record: only that configuration is measured again, and appended
+    copy = tmp_path / "ds"
+    copy.mkdir()
+    for f in ("manifest.json", "steps_cpu.parquet"):
+        (copy / f).write_bytes((data / f).read_bytes())
+    plain = {"precision": "fp32", "recompute": "none", "micro_batch_size": 1, "global_batch_size": 1}
+    gone = next(i for i, r in enumerate(steps.to_dict("records"))
+                if r["model_name"] == "gpt-tiny" and r["threads"] == 1
+                and plain.items() <= json.loads(r["run"])["strategy"].items())
+    kept = steps.drop(index=gone).reset_index(drop=True)
+    write_parquet(kept.to_dict("records"), copy / "steps_cpu.parquet", COLS, "step")
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["files"] = {"steps_cpu.parquet": {"sha256": sha256_file(copy / "steps_cpu.parquet"), "rows": len(kept)}}
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    assert collect.add_missing_steps(copy, dry_run=True) == [{"step": "gpt-tiny world=1 default strategy"}]
+    monkeypatch.setattr(bench, "host_descriptor", lambda: manifest["host"])  # this machine stands in for the VM
+    monkeypatch.setattr(collect, "wait_until_quiet", lambda: None)
+    added = collect.add_missing_steps(copy, command="test", progress=False, log=lambda msg: None)
+    assert [r["run_id"] for r in added] == [steps["run_id"][gone]]
+    again = pd.read_parquet(copy / "steps_cpu.parquet")
+    assert again.iloc[:len(kept)].equals(kept) and len(again) == len(steps)
+    amended = verify_manifest(copy)
+    assert amended["files"]["steps_cpu.parquet"]["rows"] == len(steps)
+    assert amended["amendments"][-1]["rows_added"] == 1 and amended["amendments"][-1]["command"] == "test"

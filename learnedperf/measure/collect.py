@@ -23,6 +23,11 @@ Records go to ``<out>/ops_<tag>.parquet``, ``ops_<tag>_collectives.parquet`` and
 ``manifest.json`` lists every file with its sha256, the host, the software, the exact command
 and every case that could not run here with the reason. A part that is not asked for leaves
 its existing file alone, so GPU and CPU collections share one directory.
+
+When the step grid grows, :func:`add_missing_steps` (``python -m learnedperf.measure.collect
+DATASET_DIR``) measures only the grid's configurations that a CPU data set lacks, on the hardware
+its records of the same process count already carry, appends them and lists them in the
+manifest's ``amendments``; the records already there stay as they are.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from typing import Callable, Iterable, Optional
 
 from ..errors import InputError, LearnedPerfError
 from .quiet import QUIET_SHARE, Window, logical_cpus, wait_until_quiet
-from .records import OP_COLUMNS, STEP_COLUMNS, host_name, now_utc, write_manifest, write_parquet
+from .records import OP_COLUMNS, STEP_COLUMNS, host_name, now_utc, software_versions, write_manifest, write_parquet
 
 PARTS = ("collectives", "ops", "steps")
 """What a collection can measure (the device descriptors are always measured)."""
@@ -319,3 +324,125 @@ def _previous(out: Path) -> dict:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         raise InputError(f"{path}: cannot read the existing manifest ({exc}); move it away first") from None
+
+
+def add_missing_steps(out: str | Path, *, command: str = "", dry_run: bool = False, progress: bool = True,
+                      log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr)) -> list[dict]:
+    """Measure the configurations of :func:`~learnedperf.measure.steps.step_grid` (``quick=False``) that the
+    CPU data set ``out`` has no record of, and append their records to its ``steps_cpu.parquet``.
+
+    A configuration is missing when its run on the hardware of the data set's records of the same process
+    and thread count (device descriptor with its kernel curves, links, bus bandwidth ratios, overlap: one
+    such block per count, as a collection writes it) has a run id that no record has. The new records carry
+    that same hardware, so they sit beside the old ones as if the collection had measured them; each goes
+    through the same quiet-machine check as in :func:`collect`. The records already there are rewritten
+    unchanged (same rows, same order); the manifest's checksums follow and the addition is listed under
+    ``amendments`` (date, command, rows added, each step's quiet check, the failures).
+
+    Args:
+        out: a data set directory written by ``learnedperf measure --device cpu`` (not ``--quick``).
+        command: the command line, stored in the amendment.
+        dry_run: only return the missing configurations' labels (as ``{"step": label}``), measure nothing.
+        progress: show a progress bar on stderr.
+        log: where one-line status messages go.
+
+    Returns:
+        The new step records (``{"step": label}`` entries with ``dry_run``).
+
+    Raises:
+        InputError: no manifest or a changed file, a data set of another machine (when something is
+            to be measured), or a grid configuration whose process and thread count has not exactly one
+            hardware block among the records (nothing to take its hardware from).
+    """
+    import pandas as pd
+
+    from .bench import host_descriptor
+    from .records import canonical_json, run_id, sha256_file, verify_manifest
+    from .steps import run_dict, step_grid
+
+    out = Path(out)
+    manifest = verify_manifest(out)
+    path = out / "steps_cpu.parquet"
+    if not path.is_file():
+        raise InputError(f"{path}: no CPU step records to add to")
+    steps = pd.read_parquet(path)
+    hardware: dict[tuple[int, int], set] = {}
+    for rec in steps.to_dict("records"):
+        run = json.loads(rec["run"])
+        hardware.setdefault((int(rec["world_size"]), int(rec["threads"])), set()).add(canonical_json(run["hardware"]))
+    known = set(steps["run_id"])
+    missing: list[tuple] = []
+    for config in step_grid(quick=False):
+        blocks = hardware.get((config.world_size, config.threads), set())
+        if len(blocks) != 1:
+            raise InputError(f"{path}: {len(blocks)} hardware blocks among the records of {config.world_size} "
+                             f"process(es) of {config.threads} thread(s); {config.label()} needs exactly one")
+        hw = json.loads(next(iter(blocks)))
+        if run_id(run_dict(config, hw)) not in known:
+            missing.append((config, hw))
+    if dry_run or not missing:
+        return [{"step": c.label()} for c, _ in missing]
+    # listing is possible anywhere; measuring only on the machine whose device and links the records carry
+    here, there = host_descriptor(), manifest.get("host", {})
+    for key in ("cpu_model", "logical_cores", "cuda_device"):
+        if here.get(key) != there.get(key):
+            raise InputError(f"{out}: measured on another machine ({key} {there.get(key)!r}, here {here.get(key)!r}); "
+                             "new steps must be measured where the others were")
+
+    quiet: dict = {"threshold_share": QUIET_SHARE, "steps": [], "remeasured": [], "contended": []}
+    quiet["before"] = wait_until_quiet()
+    records: list[dict] = []
+    failed: list[dict] = []
+    for config, hw in _bar(missing, len(missing), "steps", progress, unit="step"):
+        try:
+            rec, check = _quietly(_step_checked(config, hw), lambda c=config, h=hw: _step_checked(c, h),
+                                  config.label(), quiet, log)
+        except LearnedPerfError as exc:
+            # as in collect: one broken configuration must not lose the others
+            failed.append({"step": config.label(), "reason": str(exc)})
+            log(f"measure: step {config.label()} failed: {exc}")
+            continue
+        records.append(rec)
+        quiet["steps"].append({"step": config.label(), "run_id": rec["run_id"], **check})
+        log(f"measure: {config.label()}: {rec['iteration_time_ms']:.1f} ms "
+            f"[{rec['iteration_p10_ms']:.1f}, {rec['iteration_p90_ms']:.1f}]")
+    if records:
+        write_parquet(steps.to_dict("records") + records, path, STEP_COLUMNS, "step")
+        manifest["files"][path.name] = {"sha256": sha256_file(path), "rows": len(steps) + len(records)}
+    manifest.setdefault("amendments", []).append({
+        "date": now_utc(), "command": command, "rows_added": len(records),
+        "what": f"{len(records)} step record(s) of step_grid configurations missing from {path.name}, measured "
+                "by learnedperf.measure.collect.add_missing_steps on the hardware block (device, links) of the "
+                "file's records of the same process count; existing records unchanged",
+        "software": software_versions(), "quiet": quiet, "skipped": failed})
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    verify_manifest(out)
+    return records
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """``python -m learnedperf.measure.collect DATASET_DIR [--dry-run]``: add the step grid's missing
+    configurations to a CPU data set (:func:`add_missing_steps`)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Measure the step-grid configurations a CPU data set lacks and "
+                                             "append their records (existing records unchanged).")
+    ap.add_argument("directory", type=Path)
+    ap.add_argument("--dry-run", action="store_true", help="list the missing configurations, measure nothing")
+    args = ap.parse_args(argv)
+    command = f"python -m learnedperf.measure.collect {args.directory.as_posix()}"
+    try:
+        added = add_missing_steps(args.directory, command=command, dry_run=args.dry_run)
+    except LearnedPerfError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for rec in added:
+        print(rec["step"] if args.dry_run else
+              f"{rec['run_id']} {rec['model_name']} {json.loads(rec['run'])['strategy']}: "
+              f"{rec['iteration_time_ms']:.1f} ms [{rec['iteration_p10_ms']:.1f}, {rec['iteration_p90_ms']:.1f}]")
+    print(f"{args.directory}: {len(added)} step configuration(s) " + ("missing" if args.dry_run else "added"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -27,6 +27,14 @@ one process per rank started by :func:`torch.multiprocessing.start_processes`
 * ``fsdp`` — FSDP2 ``fully_shard`` per layer and at the root: FULL_SHARD (ZeRO-3),
   or with ``zero_stage`` 2 ``reshard_after_forward=False`` (SHARD_GRAD_OP). ZeRO-2
   and ZeRO-3 are always measured on FSDP2, and their records say ``fsdp: true``.
+  With ``dp_replicate`` > 1, hybrid sharding (HSDP, FSDP's HYBRID_SHARD): FSDP2 on a
+  2-D device mesh ``(replicate, shard) = (dp_replicate, dp / dp_replicate)``, each
+  group of ``dp / dp_replicate`` consecutive ranks sharding one copy of the states;
+  gradients are reduce-scattered in the shard group every micro-batch and each shard
+  all-reduced over the replicas after the last one (``set_requires_all_reduce``).
+  Its records' ``strategy_kind`` stays ``'fsdp'`` (as
+  :func:`learnedperf.measure.ingest.strategy_kind` names it) and their run says
+  ``dp_replicate``.
 
 Timing: a barrier, then ``time.perf_counter`` around one whole iteration (every
 micro-batch's forward and backward, the gradient communication and the optimizer
@@ -71,7 +79,7 @@ CNN_DEFAULTS = {"name": "cnn", "image_size": 32, "in_channels": 3, "base_channel
 STRATEGY_DEFAULTS: dict[str, Any] = {
     "tp": 1, "pp": 1, "dp": None, "micro_batch_size": 1, "global_batch_size": None,
     "pipeline_schedule": "1f1b", "zero_stage": 0, "fsdp": False, "grad_bucket_size_MiB": 25.0,
-    "precision": "fp32", "recompute": "none", "optimizer": "adam",
+    "precision": "fp32", "recompute": "none", "optimizer": "adam", "dp_replicate": 1,
 }
 
 # --------------------------------------------------------------------------- model dicts
@@ -132,7 +140,8 @@ class StepConfig:
             ``pp``, ``dp``, ``micro_batch_size``, ``global_batch_size``,
             ``pipeline_schedule`` ('gpipe' | '1f1b'), ``zero_stage`` (0-3), ``fsdp``,
             ``grad_bucket_size_MiB``, ``precision`` ('fp32' | 'bf16'), ``recompute``
-            ('none' | 'full'), ``optimizer`` ('adam' | 'sgd').
+            ('none' | 'full'), ``optimizer`` ('adam' | 'sgd'), ``dp_replicate`` (HSDP replicas of
+            the FSDP2 states, dividing ``dp``; 1 = sharded over all of ``dp``).
         warmup: untimed iterations before timing.
         repeats: timed iterations.
         threads: torch intra-op threads per process.
@@ -209,6 +218,11 @@ class StepPlan:
         if s["zero_stage"] in (1, 2):
             return {1: "zero1", 2: "zero2"}[s["zero_stage"]]
         return "fsdp" if s["fsdp"] or s["zero_stage"] == 3 else None
+
+    @property
+    def dp_replicate(self) -> int:
+        """Replicas of the sharded states (HSDP; 1 = sharded over all ``dp`` ranks)."""
+        return self.strategy.get("dp_replicate", 1)
 
 
 def plan_step(config: StepConfig) -> StepPlan:
@@ -313,6 +327,19 @@ def plan_step(config: StepConfig) -> StepPlan:
                   "ZeRO / FSDP are measured with pure data parallelism (tp = pp = 1)")
     if sharded and dp < 2:
         raise bad("strategy.fsdp" if s["fsdp"] else "strategy.zero_stage", "needs dp >= 2 (nothing to shard)")
+    replicas = s["dp_replicate"]
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+        raise bad("strategy.dp_replicate", f"expected a positive integer, got {replicas!r}")
+    if replicas > 1:
+        if not (s["fsdp"] or s["zero_stage"] >= 2):
+            # ZeRO-1 runs on ZeroRedundancyOptimizer, which shards over the whole group it is given
+            raise bad("strategy.dp_replicate", "hybrid sharding is measured on FSDP2: it needs fsdp or "
+                                               f"zero_stage 2 or 3, got zero_stage {s['zero_stage']}")
+        if dp % replicas:
+            raise bad("strategy.dp_replicate", f"dp_replicate={replicas} does not divide dp={dp}")
+        if replicas >= dp:
+            raise bad("strategy.dp_replicate", f"dp_replicate={replicas} must be less than dp={dp} (one rank per "
+                                               "copy of the states is plain data parallelism)")
     s.update(dp=dp, global_batch_size=gbs)
     if world == 1:
         kind = "single"
@@ -364,6 +391,8 @@ def _run_dict(plan: StepPlan, hardware: dict) -> dict:
         # explicit prefetch is configured, and CPU has no side streams), so gathers are not overlapped.
         "overlap_param_gather": False if sharded in ("zero2", "fsdp") else True,
         "optimizer": s["optimizer"],
+        # left out at 1 (the run format's default): runs without hybrid sharding, and their run ids, stay as they were
+        **({"dp_replicate": plan.dp_replicate} if plan.dp_replicate > 1 else {}),
     }
     return {"model": dict(plan.model), "hardware": hw, "strategy": strategy}
 
@@ -468,8 +497,9 @@ def _new_groups(plan: StepPlan, rank: int) -> dict:
     return groups
 
 
-def _build_step(plan: StepPlan, rank: int) -> Callable[[], Any]:
-    """Build this rank's model, optimizer and data; return ``step()`` running one iteration.
+def _build_step(plan: StepPlan, rank: int) -> tuple[Callable[[], Any], int]:
+    """Build this rank's model, optimizer and data; return ``step()`` running one iteration and the
+    number of parameter elements this rank holds (its shard under FSDP2).
 
     ``step()`` returns the iteration's mean loss (a detached tensor) on ranks that
     compute the loss (the last pipeline stage), None elsewhere.
@@ -505,16 +535,26 @@ def _build_step(plan: StepPlan, rank: int) -> Callable[[], Any]:
     sharded = plan.sharded_dp
     model: Any = net
     no_sync = None
+    all_reduce_on = None
     if plan.dp > 1 and sharded in ("zero2", "fsdp"):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
-        mesh = init_device_mesh("cpu", (plan.dp,))
+        replicas = plan.dp_replicate
+        if replicas > 1:
+            # FSDP2's HSDP: parameters Shard(0) over the "shard" dim, Replicate() over the "replicate" dim
+            mesh = init_device_mesh("cpu", (replicas, plan.dp // replicas), mesh_dim_names=("replicate", "shard"))
+        else:
+            mesh = init_device_mesh("cpu", (plan.dp,))
         reshard = sharded == "fsdp"  # zero2 keeps the gathered parameters from forward to backward
         for unit in net.shard_units():
             fully_shard(unit, mesh=mesh, reshard_after_forward=reshard)
         fully_shard(net, mesh=mesh, reshard_after_forward=reshard)
         optimizer = make_optimizer(net.parameters())
+        if replicas > 1 and m > 1:
+            # reduce-scatter every micro-batch but all-reduce the accumulated shards over the replicas once,
+            # after the last one (as the simulator's hybrid sharding does); FSDP2 would all-reduce each time
+            all_reduce_on = net.set_requires_all_reduce
     elif plan.dp > 1 and plan.pp == 1:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -538,6 +578,8 @@ def _build_step(plan: StepPlan, rank: int) -> Callable[[], Any]:
             total = None
             for i, (x, t) in enumerate(batches):
                 sync = no_sync is None or i == m - 1
+                if all_reduce_on is not None:
+                    all_reduce_on(i == m - 1)
                 with (contextlib.nullcontext() if sync else no_sync()):
                     with autocast():
                         loss = model(x, t)
@@ -546,9 +588,15 @@ def _build_step(plan: StepPlan, rank: int) -> Callable[[], Any]:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             return total / m
-        return step
+        return step, _local_numel(net)
 
-    return _pipeline_step(plan, net, optimizer, batches, groups, (tp_rank, dp_rank, pp_rank), autocast)
+    return (_pipeline_step(plan, net, optimizer, batches, groups, (tp_rank, dp_rank, pp_rank), autocast),
+            _local_numel(net))
+
+
+def _local_numel(net) -> int:
+    """Parameter elements held by this rank: the local shard of FSDP2's DTensor parameters."""
+    return sum(int(p.to_local().numel()) if hasattr(p, "to_local") else int(p.numel()) for p in net.parameters())
 
 
 def _pipeline_step(plan: StepPlan, net, optimizer, batches, groups, coords, autocast) -> Callable[[], Any]:
@@ -636,12 +684,13 @@ def _run_rank(plan: StepPlan, rank: int, iterations: Optional[int] = None) -> di
 
     ``iterations`` (loss mode) runs that many iterations without warm-up and
     reports every loss; otherwise ``warmup`` + ``repeats`` with the timed ones kept.
+    ``local_params`` is the number of parameter elements the rank holds (its shard under FSDP2).
     """
     world = plan.world_size
     dist = None
     if world > 1:
         import torch.distributed as dist
-    step = _build_step(plan, rank)
+    step, local_params = _build_step(plan, rank)
     warmup = 0 if iterations is not None else plan.warmup
     count = iterations if iterations is not None else plan.repeats
     times_s, losses = [], []
@@ -673,6 +722,7 @@ def _run_rank(plan: StepPlan, rank: int, iterations: Optional[int] = None) -> di
         else:
             step()  # the other ranks must take part in the profiled iteration's communication
     return {"rank": rank, "times_s": times_s, "peak_rss_MiB": peak_rss_MiB, "timed": timed,
+            "local_params": local_params,
             "losses": None if losses and losses[0] is None else [float(v) for v in losses],
             "per_op": per_op}
 
@@ -966,12 +1016,13 @@ def _timing_for(name: str) -> dict:
 def step_grid(quick: bool = False) -> list[StepConfig]:
     """The configurations measured for the project's data set.
 
-    ``quick=False``: 136 configs (83 on several processes) — single-process (fp32, bf16, full recompute,
+    ``quick=False``: 140 configs (87 on several processes) — single-process (fp32, bf16, full recompute,
     larger micro-batches, gradient accumulation, 2 threads), DDP with several bucket
     sizes, tensor, pipeline (GPipe and 1F1B), ZeRO-1/2 and FSDP on 2 processes, and
     dp / tp / pp / tp+dp / pp+dp / tp+pp / FSDP on 4 processes (which oversubscribe
-    a 2-core machine; ``threads`` records 1 per process). ``quick=True``: four
-    small configs, one of them on 2 processes, for a smoke test.
+    a 2-core machine; ``threads`` records 1 per process), among them 4 hybrid-sharded
+    (HSDP, ``dp_replicate`` 2: FULL_SHARD and ZeRO-2, one with gradient accumulation).
+    ``quick=True``: four small configs, one of them on 2 processes, for a smoke test.
     """
     def cfg(name: str, world: int = 1, threads: int = 1, **strategy) -> StepConfig:
         return StepConfig(grid_model(name), world, strategy, threads=threads, **_timing_for(name))
@@ -1036,6 +1087,12 @@ def step_grid(quick: bool = False) -> list[StepConfig]:
     out.append(cfg("llama-medium", 4, tp=2, pp=2, global_batch_size=4, pipeline_schedule="gpipe"))
     out.append(cfg("bert-small", 4, tp=4))
     out.append(cfg("gpt-small", 4, fsdp=True))
+    # hybrid sharding (HSDP): two replicas of the states, each sharded over two ranks; the last one accumulates
+    # two micro-batches (reduce-scatter each, one all-reduce over the replicas)
+    out.append(cfg("gpt-small", 4, fsdp=True, dp_replicate=2))
+    out.append(cfg("gpt-small", 4, zero_stage=2, fsdp=True, dp_replicate=2))
+    out.append(cfg("llama-medium", 4, fsdp=True, dp_replicate=2))
+    out.append(cfg("llama-small", 4, fsdp=True, dp_replicate=2, global_batch_size=8))
     return out
 
 
