@@ -13,7 +13,8 @@ Nothing is guessed silently. A row that cannot become a run (a GPU the catalog d
 a sharding the run format cannot express, no throughput at all) is skipped with its reason; a
 value the row leaves out and the loader fills in (micro-batch 1, no recompute, the family's
 vocabulary, the SXM form of a GPU named without one, an interleaving depth the paper does not
-give) is counted in :attr:`LoadedPublished.assumptions` and written into the run's ``meta``.
+give, the shard group of hybrid sharding left unstated: a node, FSDP HYBRID_SHARD's default) is counted
+in :attr:`LoadedPublished.assumptions` and written into the run's ``meta``.
 
 The iteration time is taken, in this order, from ``iteration_time_s``, ``tokens_per_sec_total``,
 ``tokens_per_sec_per_gpu`` · GPUs, ``samples_per_sec``, and last from a FLOP rate
@@ -223,9 +224,10 @@ def _device_name(gpu_type: str, assumed: list) -> str:
     raise _Skip(f"gpu_type {gpu_type!r} could name {', '.join(found)}: state the memory or form factor")
 
 
-def _hardware(row: dict, device: str, num_gpus: int, assumed: list) -> dict:
+def _hardware(row: dict, device: str, num_gpus: int, assumed: list) -> tuple[dict, int]:
     """Run-format hardware: the catalog cluster of the device (the one the row's text names, else the
-    first), with the inter-node bandwidth the ``interconnect`` text states where it states one."""
+    first), with the inter-node bandwidth the ``interconnect`` text states where it states one; and the
+    devices of one of its nodes."""
     from ..catalog import get_cluster, get_device, names, source
 
     clusters = [c for c in names("clusters") if get_cluster(c)["device"] == device]
@@ -256,7 +258,7 @@ def _hardware(row: dict, device: str, num_gpus: int, assumed: list) -> dict:
     elif num_gpus > per_node and catalog_inter is None:
         raise _Skip(f"{num_gpus} GPUs span nodes of {per_node} but neither the interconnect text "
                     "('N x R Gb/s' per node) nor the catalog gives the inter-node bandwidth")
-    return hw
+    return hw, per_node
 
 
 # --------------------------------------------------------------- strategy
@@ -293,23 +295,136 @@ def _precision(row: dict) -> str:
     raise _Skip(f"field 'precision': {_cell(row, 'precision')!r} names no precision (fp8/bf16/fp16/tf32/fp32)")
 
 
-def _sharding(row: dict) -> dict:
-    text = _cell(row, "zero_or_fsdp").lower()
+# ZeRO++ (Wang et al., arXiv 2306.10209): ZeRO-3 with a secondary parameter copy sharded within a node (hpZ)
+# and quantized gathers and gradient reduction (qwZ, qgZ). Its states stay sharded over all ranks, so it is
+# not hybrid sharding, and its traffic is not ZeRO-3's: the run format cannot express it.
+_ZERO_PP = re.compile(r"zero\s*\+\+|zeropp|hpz|qwz|qgz")
+# hybrid sharding: FSDP's HYBRID_SHARD (and _HYBRID_SHARD_ZERO2), "HSDP", DeepSpeed's MiCS, "ZeRO-3 hybrid"
+_HYBRID = re.compile(r"hsdp|hybrid|\bmics(?:\b|_)")
+# words that name PyTorch FSDP rather than a ZeRO implementation
+_FSDP_WORDS = re.compile(r"fsdp|hybrid[\s_-]*shard|shard_grad_op|full_shard")
+# a stated shard group, in ranks that share one copy of the states (dp·cp / dp_replicate): "shard 8",
+# "shard size 8", "shard group of 64", "mics_shard_size=8", "8-way shard", "8 GPUs per shard" (not "sharded
+# over 2 nodes": a count of nodes is not one of ranks)
+_NOT_RANKS = r"(?!\d|\s*(?:nodes?|hosts?|machines?|servers?)\b)"
+_SHARD_SIZE = re.compile(rf"(\d+){_NOT_RANKS}[\s-]*way[\s-]*shard"
+                         rf"|shard(?:ing|ed)?(?:[\s_-]*(?:group|size|degree))*\s*(?:of|=|:)?\s*(\d+){_NOT_RANKS}"
+                         r"|(\d+)\s*(?:gpus|ranks|devices)\s*per\s*shard")
+# torchtitan's dp_shard / data_parallel_shard_degree counts data-parallel ranks without cp (its FSDP mesh is
+# dp_shard·cp), so it gives dp_replicate = dp / dp_shard
+_DP_SHARD = re.compile(r"(?:dp_shard|data_parallel_shard_degree)\s*[=:]?\s*(\d+)")
+# stated replicas: "replicate 4", "dp_replicate=4", "4 replicas", "4-way replication", Megatron's
+# "2 instances" / "num_distributed_optimizer_instances=2" (not "8 replicate ...": in "shard 8 replicate 4"
+# the 8 is the shard's)
+_REPLICAS = re.compile(r"replica(?:te|tion|s)?(?:[\s_-]*(?:degree|size|groups?|count))*\s*(?:of|=|:)?\s*(\d+)"
+                       r"|(\d+)[\s-]*way[\s-]*replicat\w*"
+                       r"|(\d+)\s*(?:replicas|replica groups|copies|instances)\b"
+                       r"|instances\s*[=:]\s*(\d+)")
+
+
+def _first_number(pattern: re.Pattern, text: str) -> Optional[int]:
+    m = pattern.search(text)
+    return None if m is None else int(next(g for g in m.groups() if g is not None))
+
+
+def _fsdp_mode(text: str) -> dict:
+    """FULL_SHARD, or SHARD_GRAD_OP (zero_stage 2) where the text names that mode."""
+    if "grad_op" in text or "zero-2" in text or "zero2" in text or "no reshard" in text:
+        return {"fsdp": True, "zero_stage": 2}
+    return {"fsdp": True}
+
+
+def _sharding(row: dict, tp: int = 1, cp: int = 1, dp: int = 1, per_node: int = 1,
+              assumed: Optional[list] = None) -> dict:
+    """The ZeRO/FSDP fields of a row's ``zero_or_fsdp``; hybrid sharding (HSDP, MiCS) adds ``dp_replicate``
+    from the stated shard or replica count, else from the node (``tp``, ``cp``, ``dp`` and ``per_node``, the
+    devices of one node, place the data-parallel ranks; the filled-in value goes to ``assumed``)."""
+    raw = _cell(row, "zero_or_fsdp")
+    text = raw.lower()
     if text.split(" ")[0] in _FALSE or text.startswith(("ddp", "none")):
         return {}
-    if "hsdp" in text or "hybrid" in text:
-        raise _Skip(f"zero_or_fsdp {_cell(row, 'zero_or_fsdp')!r}: hybrid sharding is not in the run format")
+    if _ZERO_PP.search(text):
+        raise _Skip(f"zero_or_fsdp {raw!r}: ZeRO++ (hpZ's secondary parameter partition within a node, "
+                    "qwZ/qgZ quantized communication) is not in the run format; it is not hybrid sharding, "
+                    "the states stay sharded over all ranks")
+    stage = re.search(r"(?:zero|stage)[\s_-]*(\d)", text)
+    dist_opt = "distributed optimizer" in text or "distopt" in text
+    # Megatron's distributed optimizer is hybrid where it has several instances
+    if _HYBRID.search(text) or (dist_opt and (_first_number(_REPLICAS, text) or 1) > 1):
+        if _FSDP_WORDS.search(text):
+            base = _fsdp_mode(text)
+        elif stage:
+            base = {"zero_stage": int(stage.group(1))}
+        elif dist_opt:
+            base = {"zero_stage": 1}
+        elif "mics" in text:
+            base = {"zero_stage": 3}  # DeepSpeed's MiCS is a ZeRO-3 variant (mics_shard_size is a stage-3 key)
+        else:
+            base = _fsdp_mode(text)  # "hybrid" alone: FSDP's HYBRID_SHARD, the usual meaning
+        if base.get("zero_stage") == 0:
+            raise _Skip(f"zero_or_fsdp {raw!r}: hybrid sharding of unsharded states (ZeRO-0) is plain data "
+                        "parallelism; say DDP or name the stage")
+        return _hybrid(raw, base, tp, cp, dp, per_node, [] if assumed is None else assumed)
     if "fsdp" in text:
-        if "grad_op" in text or "zero-2" in text or "zero2" in text or "no reshard" in text:
-            return {"fsdp": True, "zero_stage": 2}
-        return {"fsdp": True}
-    m = re.search(r"(?:zero|stage)[\s_-]*(\d)", text)
-    if m and m.group(1) in "0123":
-        return {"zero_stage": int(m.group(1))} if m.group(1) != "0" else {}
-    if "distributed optimizer" in text or "distopt" in text:
+        return _fsdp_mode(text)
+    if stage and stage.group(1) in "0123":
+        return {"zero_stage": int(stage.group(1))} if stage.group(1) != "0" else {}
+    if dist_opt:
         return {"zero_stage": 1}  # Megatron's distributed optimizer shards the optimizer states: ZeRO-1
-    raise _Skip(f"field 'zero_or_fsdp': {_cell(row, 'zero_or_fsdp')!r} is not none/DDP, ZeRO-1/2/3, FSDP "
-                "or distributed optimizer")
+    raise _Skip(f"field 'zero_or_fsdp': {raw!r} is not none/DDP, ZeRO-1/2/3, FSDP, hybrid sharding (HSDP, "
+                "MiCS) or distributed optimizer")
+
+
+def _hybrid(raw: str, base: dict, tp: int, cp: int, dp: int, per_node: int, assumed: list) -> dict:
+    """``base`` with the ``dp_replicate`` of a hybrid-sharding row (see :func:`_sharding`)."""
+    text = raw.lower()
+    ranks = dp * cp  # one copy of the states is sharded over dp·cp / dp_replicate of these
+    dp_shard = _first_number(_DP_SHARD, text)
+    shard = None if dp_shard is not None else _first_number(_SHARD_SIZE, text)
+    replicas = _first_number(_REPLICAS, text)
+    if dp_shard is not None:
+        if dp_shard < 1 or dp % dp_shard:
+            raise _Skip(f"zero_or_fsdp {raw!r}: dp_shard {dp_shard} does not divide dp = {dp}")
+        shard = dp_shard * cp
+    elif shard is not None and (shard < 1 or ranks % shard):
+        raise _Skip(f"zero_or_fsdp {raw!r}: a shard group of {shard} ranks does not divide dp·cp = {ranks}")
+    if replicas is not None:
+        if replicas < 1 or ranks % replicas:
+            raise _Skip(f"zero_or_fsdp {raw!r}: {replicas} replicas do not divide dp·cp = {ranks}")
+        if shard is not None and shard * replicas != ranks:
+            raise _Skip(f"zero_or_fsdp {raw!r}: shard {shard} × {replicas} replicas ≠ dp·cp = {ranks}")
+    elif shard is not None:
+        replicas = ranks // shard
+    else:
+        # PyTorch FSDP's HYBRID_SHARD default (the process group it builds): shard within a node, replicate
+        # across nodes. A node holds per_node / (tp·cp) data-parallel ranks (tp and cp are the inner mesh
+        # dimensions); where that covers the whole dp group, hybrid sharding is full sharding.
+        if per_node % (tp * cp):
+            raise _Skip(f"zero_or_fsdp {raw!r}: no shard size stated, and tp·cp = {tp * cp} does not divide the "
+                        f"{per_node} devices of a node (the default shard group): state the shard size")
+        local = per_node // (tp * cp)
+        if local >= dp:
+            assumed.append(f"dp_replicate 1 for {raw!r}: full sharding (shard group unstated, a node by FSDP "
+                           f"HYBRID_SHARD's default, and all {dp} data-parallel ranks fit in one node of {per_node})")
+            return base
+        if dp % local:
+            raise _Skip(f"zero_or_fsdp {raw!r}: no shard size stated, and the {local} data-parallel ranks of a "
+                        f"{per_node}-device node do not divide dp = {dp}: state the shard size")
+        replicas = dp // local
+        note = (f"dp_replicate {replicas} for {raw!r}: shard group unstated, one node of {per_node} devices "
+                f"({ranks // replicas} ranks), replicated across nodes (FSDP HYBRID_SHARD's default)")
+        if replicas == ranks:  # a node holds one data-parallel rank: nothing left to shard
+            assumed.append(note + "; one rank per copy of the states is plain data parallelism")
+            return {}
+        assumed.append(note)
+        return {**base, "dp_replicate": replicas}
+    if replicas == ranks:
+        return {}  # a shard group of one rank holds every state: plain data parallelism
+    if dp % replicas:
+        # the run format's replicas are whole shard groups, each holding all cp ranks of its data-parallel ranks
+        raise _Skip(f"zero_or_fsdp {raw!r}: {replicas} replicas do not divide dp = {dp} (each replica holds "
+                    f"whole context-parallel groups)")
+    return {**base, "dp_replicate": replicas} if replicas > 1 else base
 
 
 def _schedule(row: dict, pp: int, assumed: list) -> dict:
@@ -337,7 +452,7 @@ def _schedule(row: dict, pp: int, assumed: list) -> dict:
     raise _Skip(f"field 'vpp_or_schedule': {_cell(row, 'vpp_or_schedule')!r} is not 1F1B, GPipe or interleaved")
 
 
-def _strategy(row: dict, model: dict, num_gpus: int, assumed: list) -> dict:
+def _strategy(row: dict, model: dict, num_gpus: int, per_node: int, assumed: list) -> dict:
     tp, pp, cp, ep = (_integer(row, k) or 1 for k in ("tp", "pp", "cp", "ep"))
     dp = _integer(row, "dp") or num_gpus // (tp * pp * cp)
     seq = model["seq_length"]
@@ -365,7 +480,8 @@ def _strategy(row: dict, model: dict, num_gpus: int, assumed: list) -> dict:
         s["ep"] = ep
     if _flag(row, "sp"):
         s["sequence_parallel"] = True
-    s.update(_sharding(row))
+    # a run on part of one node is that node: its data-parallel ranks all share it
+    s.update(_sharding(row, tp, cp, dp, min(per_node, num_gpus), assumed))
     s.update(_schedule(row, pp, assumed))
     s["flash_attention"] = _flash_attention(row, assumed)
     return s
@@ -512,8 +628,8 @@ def load_published(path: Path | str, strict: bool = False) -> LoadedPublished:
             model = _model(row, assumed, warnings)
             num_gpus = _required_int(row, "num_gpus")
             device = _device_name(_cell(row, "gpu_type"), assumed)
-            hardware = _hardware(row, device, num_gpus, assumed)
-            strategy = _strategy(row, model, num_gpus, assumed)
+            hardware, per_node = _hardware(row, device, num_gpus, assumed)
+            strategy = _strategy(row, model, num_gpus, per_node, assumed)
             run = {"model": model, "hardware": hardware, "strategy": strategy,
                    "id": f"published-{path.stem}-{_cell(row, 'row_id') or line}"}
             try:
