@@ -23,9 +23,10 @@ What is covered, and how:
   some ``3·2^k`` (as the 3,072-GPU SC21 runs);
 * **strategy** — tp, pp (gpipe / 1f1b / interleaved), dp, cp, ep (MoE), ZeRO 0-3,
   FSDP, hybrid sharding (a third of the sharded runs whose data-parallel group leaves a node: mostly
-  one copy of the states per node, as FSDP's HYBRID_SHARD, else any valid copy count), recompute none / selective / full, sequence parallelism, every precision
-  the device supports (bf16/fp16 a quarter of the time as torch.autocast over fp32
-  weights, else with fp32 master weights), micro-batch size and number of micro-batches.
+  one copy of the states per node, as FSDP's HYBRID_SHARD, else any valid copy count), recompute
+  none / selective / full, sequence parallelism, every precision the device supports
+  (bf16/fp16 a quarter of the time as torch.autocast over fp32 weights, else with fp32
+  master weights), micro-batch size and number of micro-batches.
 
 Choices that keep generation fast and the simulator on safe ground, on purpose:
 pipelines of 16 / 32 / 64 stages are drawn rarely (about 1.5 %, 0.15 %, 0.1 % of
