@@ -14,7 +14,7 @@ with pp=64 compiles to 64 stage programs, not 3072.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..specs import RunSpec
 from ..units import MiB, dtype_bytes
@@ -420,11 +420,8 @@ def gradient_collectives(eg: ExecutionGraph, chunk: Chunk) -> list[Op]:
     out = []
     for op, n in gradient_buckets(eg, chunk):
         follow = replica_allreduce(eg, op)
-        for i in range(n):
-            out.append(Op(f"{op.name}{i}", op.kind, op.phase, op.flops, op.bytes, op.dtype, op.shape, op.group))
-            if follow is not None:
-                out.append(Op(f"{follow.name}{i}", follow.kind, follow.phase, follow.flops, follow.bytes,
-                              follow.dtype, follow.shape, follow.group))
+        per_bucket = (op,) if follow is None else (op, follow)
+        out += [replace(o, name=f"{o.name}{i}") for i in range(n) for o in per_bucket]
     return out
 
 

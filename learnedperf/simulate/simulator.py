@@ -183,11 +183,11 @@ class _Builder:
             per = params / max(1, layers)
             if kind == "allgather":
                 op = comm(name, kind, "fwd", per * eg.param_bytes_per_param, eg.shard_group, s.precision)
-            elif kind == "reducescatter":
-                op = comm(name, kind, "bwd", per * eg.grad_bytes_per_param, eg.shard_group, s.reduce_precision)
-            else:  # hybrid sharding: this rank's shard of the layer's gradients, all-reduced over the replicas
-                op = comm(name, kind, "bwd", per * eg.grad_bytes_per_param / eg.shard_group.size,
-                          eg.replicate_group, s.reduce_precision)
+            else:
+                op = comm(name, "reducescatter", "bwd", per * eg.grad_bytes_per_param, eg.shard_group,
+                          s.reduce_precision)
+                if kind == "allreduce":  # hybrid sharding: this rank's shard of it, all-reduced over the replicas
+                    op = replica_allreduce(eg, op)
             c = self.comm_cost(op)
             n = max(1, layers)
             hit = self.sharded_memo[key] = (c.latency_s * n, self.demands(stage, c.intra_bytes * n, c.inter_bytes * n))
