@@ -319,7 +319,7 @@ def test_measured_rows_join_the_records(tmp_path):
     write_parquet(steps, tmp_path / "measured" / "host-x" / "steps.parquet", STEP_COLUMNS, "step")
     out = tmp_path / "set"
     manifest = run_generate(8, out, seed=SEED, workers=1, progress=False, measured=True,
-                            measured_paths=[tmp_path / "measured"], vtrain=False)
+                            measured_paths=[tmp_path / "measured"], vtrain=False, neusight=False)
     df = load_records(out)
     meas = df[df["source"] == "measured"]
     assert len(meas) == 1 and len(df) == 9
@@ -336,6 +336,31 @@ def test_measured_rows_join_the_records(tmp_path):
     assert any("'mlp'" in k for k in skipped) and any("duplicate" in k for k in skipped)
     assert manifest["counts"]["by_source"] == {"measured": 1, "simulated": 8}
     assert len(load_records(out, sources=["simulated"])) == 8
+
+
+def test_neusight_training_runs_become_measured_v100_records():
+    from learnedperf.data.generate import measured_rows
+    from learnedperf.measure.public import default_shared_data, load_neusight_steps
+    from learnedperf.models.evaluate import test_mask
+
+    if not (default_shared_data() / "neusight_step_times.csv").exists():
+        pytest.skip("../shared/data/neusight_step_times.csv not available")
+    steps = load_neusight_steps().records
+    skipped, no_pred, graphs, ids = Counter(), Counter(), [], []
+    recs = measured_rows(steps, "neusight", set(), skipped, no_pred, "_graphs/measured-00000.parquet", graphs, ids)
+    assert len(recs) == 3 and not skipped and not no_pred and len(graphs) == 3
+    for rec, step in zip(recs, steps):
+        assert rec["origin"] == "neusight" and rec["device_type"] == "V100-PCIE-32GB"
+        run = json.loads(step["run"])
+        # NeuSight's e2e time is forward + backward: the run says it has no optimizer step
+        assert run["strategy"]["optimizer"] == "none"
+        assert rec["iteration_time_ms"] == pytest.approx(run["meta"]["fw_latency_ms"] + run["meta"]["bwall_latency_ms"])
+        pred = simulate(RunSpec.from_dict(run)).to_prediction()
+        assert rec["sim_iteration_time_ms"] == pytest.approx(pred["iteration_time_ms"], rel=1e-12)
+    import pandas as pd
+
+    assert test_mask(pd.DataFrame(recs), "unseen_device:V100").all()
+    assert not test_mask(pd.DataFrame(recs), "unseen_device:A100").any()
 
 
 def test_vtrain_rows_become_measured_records():

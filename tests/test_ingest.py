@@ -487,7 +487,8 @@ def test_neusight_steps_skip_inference_explicitly():
     spec = RunSpec.from_dict(json.loads(rec["run"]))
     assert (spec.model.name, spec.model.arch, spec.model.seq_length, spec.model.num_layers) == \
         ("bert_large", "bert", 512, 24)
-    assert (spec.strategy.global_batch_size, spec.strategy.precision, spec.strategy.flash_attention) == (2, "fp32", False)
+    assert (spec.strategy.global_batch_size, spec.strategy.precision, spec.strategy.flash_attention,
+            spec.strategy.optimizer) == (2, "fp32", False, "none")
     assert (rec["world_size"], rec["device_name"], rec["source"]) == (1, "V100-PCIE-32GB", "neusight")
 
 

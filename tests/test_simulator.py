@@ -103,6 +103,24 @@ def test_single_device_time_is_sum_of_op_costs(m, exact):
     assert r.breakdown_s["optimizer"] == pytest.approx(opt, rel=1e-9)
 
 
+@pytest.mark.parametrize("kw", [dict(num_devices=1), dict(num_devices=8, dp=8, overlap_grad_reduce=False),
+                                dict(num_devices=8, dp=8, fsdp=True)])
+def test_run_without_optimizer_step_drops_exactly_that_step(kw):
+    # optimizer "none" (an iteration timed as forward + backward, e.g. NeuSight's): the same schedule without
+    # the optimizer step that the Adam run ends with (it runs after every gradient is reduced)
+    adam = make_run(LLAMA_GQA, global_batch_size=2 * kw.get("dp", 1), **kw)
+    none = make_run(LLAMA_GQA, global_batch_size=2 * kw.get("dp", 1), optimizer="none", **kw)
+    cost = roofline(adam, KNOWN_PARAMS)
+    ra, rn = simulate(adam, cost=cost), simulate(none, cost=cost)
+    assert ra.breakdown_s["optimizer"] > 0 and rn.breakdown_s["optimizer"] == 0
+    assert rn.iteration_time_s == pytest.approx(ra.iteration_time_s - ra.breakdown_s["optimizer"], rel=1e-9)
+    # no optimizer, no states: bf16 weights and fp32 gradients only (sharded over 8 under FSDP)
+    psi, shards = adam.model.num_params(), 8 if kw.get("fsdp") else 1
+    mem = rn.memory
+    assert mem.optimizer_states == 0
+    assert mem.weights + mem.gradients == pytest.approx((2 + 4) * psi / shards, rel=1e-12)
+
+
 def test_gradient_reduction_without_overlap_is_serial():
     # DDP without overlap: backward, then every bucket's all-reduce back to back, then the optimizer
     run = make_run(LLAMA_GQA, num_devices=8, dp=8, overlap_grad_reduce=False)

@@ -32,7 +32,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ..errors import InputError, LearnedPerfError, SpecError
 from . import store
@@ -53,6 +53,25 @@ log = logging.getLogger("learnedperf.data")
 def default_shard_size(n: int) -> int:
     """Shard size for ``n`` runs: at least 8 shards (parallelism, resumability), at most 250 runs each."""
     return max(1, min(DEFAULT_SHARD_SIZE, -(-n // 8)))
+
+
+def _vtrain_steps() -> list[dict]:
+    from ..measure.public import vtrain_step_records
+
+    return vtrain_step_records()
+
+
+def _neusight_steps() -> list[dict]:
+    from ..measure.public import load_neusight_steps
+
+    return load_neusight_steps().records
+
+
+#: public training runs in ``../shared/data`` a data set may include: origin → (file, step records loader)
+PUBLIC_STEPS: dict[str, tuple[str, Callable[[], list[dict]]]] = {
+    "vtrain": ("vtrain/ground_truth_single_node.csv", _vtrain_steps),
+    "neusight": ("neusight_step_times.csv", _neusight_steps),
+}
 
 
 def repo_measured_dir() -> Path:
@@ -201,7 +220,7 @@ def measured_rows(steps: list[dict], origin: str, seen: set, skipped: Counter, n
             graph_ids.append(rid)
         source = str(step.get("source") or "")
         # ingested and public data sets name themselves; this project's own measurements name their directory
-        rec_origin = source if source.startswith("ingested:") or origin == "vtrain" else origin
+        rec_origin = source if source.startswith("ingested:") or origin in PUBLIC_STEPS else origin
         out.append(measured_record(step, rec_origin, spec, run, pred, ref))
     return out
 
@@ -210,8 +229,8 @@ def generate_measured(task: dict) -> dict:
     """Turn every available measured run into records (one task; see :func:`measured_rows`).
 
     Args:
-        task: ``out``; ``paths``: measured data set directories or step files; ``vtrain``: include
-            vTrain's public runs (``../shared/data``) when present.
+        task: ``out``; ``paths``: measured data set directories or step files; ``vtrain`` / ``neusight``:
+            include vTrain's / NeuSight's public training runs (``../shared/data``) when present.
     """
     import pandas as pd
 
@@ -245,17 +264,18 @@ def generate_measured(task: dict) -> dict:
         rows = measured_rows(steps, origin, seen, skipped, no_prediction, graph_rel, graphs, graph_ids)
         by_origin.update(r["origin"] for r in rows)
         records.extend(rows)
-    if task.get("vtrain"):
-        from ..measure.public import default_shared_data, vtrain_step_records
+    for name, (rel, load) in PUBLIC_STEPS.items():
+        if not task.get(name):
+            continue
+        from ..measure.public import default_shared_data
 
-        csv = default_shared_data() / "vtrain" / "ground_truth_single_node.csv"
-        if csv.exists():
-            rows = measured_rows(vtrain_step_records(), "vtrain", seen, skipped, no_prediction, graph_rel, graphs,
-                                 graph_ids)
+        path = default_shared_data() / rel
+        if path.exists():
+            rows = measured_rows(load(), name, seen, skipped, no_prediction, graph_rel, graphs, graph_ids)
             by_origin.update(r["origin"] for r in rows)
             records.extend(rows)
         else:
-            unavailable["vtrain"] = f"{csv} not found"
+            unavailable[name] = f"{path} not found"
     for what, why in unavailable.items():
         log.warning("measured runs: %s skipped: %s", what, why)
     files_out = {}
@@ -291,13 +311,14 @@ def _die_with_parent() -> None:
 
 # ================================================================= arguments
 def _config(n: int, seed: int, keep_oom: bool, shard_size: int, measured: bool, paths: list[str],
-            vtrain: bool) -> dict:
+            vtrain: bool, neusight: bool) -> dict:
     from ..simulate import SIMULATOR_VERSION
     from .graphs import GRAPH_SCHEMA_VERSION
     from .records import SCHEMA_VERSION, cost_model_version
 
     return {"format": store.DATASET_FORMAT, "n": n, "seed": seed, "keep_oom": keep_oom, "shard_size": shard_size,
             "measured": measured, "measured_paths": paths if measured else [], "vtrain": bool(measured and vtrain),
+            "neusight": bool(measured and neusight),
             "generator_version": GENERATOR_VERSION, "sampler_version": SAMPLER_VERSION,
             "simulator_version": SIMULATOR_VERSION, "cost_model_version": cost_model_version(),
             "record_schema_version": SCHEMA_VERSION, "graph_schema_version": GRAPH_SCHEMA_VERSION}
@@ -388,7 +409,7 @@ def _execute(tasks: list[dict], workers: int, scheduler: Optional[str], on_done)
 def run_generate(n: int, out: str | os.PathLike, seed: int = 0, workers: Optional[int] = None,
                  scheduler: Optional[str] = None, keep_oom: bool = False, progress: bool = True,
                  measured: bool = True, *, shard_size: Optional[int] = None,
-                 measured_paths: Optional[list] = None, vtrain: bool = True) -> dict:
+                 measured_paths: Optional[list] = None, vtrain: bool = True, neusight: bool = True) -> dict:
     """Generate (or resume) a data set of ``n`` simulated runs plus the measured ones; return its manifest.
 
     Args:
@@ -405,6 +426,8 @@ def run_generate(n: int, out: str | os.PathLike, seed: int = 0, workers: Optiona
         measured_paths: measured data sets (directories of ``steps*.parquet``, or such files); default the
             repository's ``datasets/measured``.
         vtrain: with ``measured``, include vTrain's 1,440 public runs when ``../shared/data`` has them.
+        neusight: with ``measured``, include NeuSight's 3 public V100 training runs (forward and backward,
+            no optimizer step) when ``../shared/data`` has them.
 
     Raises:
         InputError: bad arguments, or ``out`` holds something else (another generation, other files).
@@ -427,7 +450,7 @@ def run_generate(n: int, out: str | os.PathLike, seed: int = 0, workers: Optiona
         measured_paths = [str(repo_measured_dir())] if repo_measured_dir().exists() else []
     paths = [str(Path(p).resolve()) for p in measured_paths]
     out = Path(out)
-    config = _config(n, seed, bool(keep_oom), shard_size, bool(measured), paths, vtrain)
+    config = _config(n, seed, bool(keep_oom), shard_size, bool(measured), paths, vtrain, neusight)
     _prepare_out(out, config)
     lock = _lock(out)
     try:
@@ -452,7 +475,8 @@ def _generate(out: Path, config: dict, workers: int, scheduler: Optional[str], p
     tasks: list[dict] = []
     if config["measured"] and "measured" not in done:
         tasks.append({"kind": "measured", "key": "measured", "out": str(out.resolve()),
-                      "paths": config["measured_paths"], "vtrain": config["vtrain"]})
+                      "paths": config["measured_paths"], "vtrain": config["vtrain"],
+                      "neusight": config.get("neusight", False)})
     for k, start, stop in shards:
         key = f"simulated-{k:05d}"
         if key not in done:
@@ -567,6 +591,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shard-size", type=int, default=None, help="runs per shard (default: n/8, at most 250)")
     p.add_argument("--no-measured", dest="measured", action="store_false", help="leave measured runs out")
     p.add_argument("--no-vtrain", dest="vtrain", action="store_false", help="leave vTrain's public runs out")
+    p.add_argument("--no-neusight", dest="neusight", action="store_false",
+                   help="leave NeuSight's public training runs out")
     p.add_argument("--measured-path", action="append", default=None, metavar="PATH",
                    help="measured data set directory or steps parquet (repeatable; default datasets/measured)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
@@ -580,7 +606,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         manifest = run_generate(args.n, args.out, args.seed, workers=args.workers, scheduler=args.scheduler,
                                 keep_oom=args.keep_oom, progress=args.progress, measured=args.measured,
-                                shard_size=args.shard_size, measured_paths=args.measured_path, vtrain=args.vtrain)
+                                shard_size=args.shard_size, measured_paths=args.measured_path, vtrain=args.vtrain,
+                                neusight=args.neusight)
     except LearnedPerfError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -86,7 +86,7 @@ def _features() -> tuple[tuple[str, str], ...]:
           ("overlap_param_gather", "1 if ZeRO-3 gathers are prefetched"),
           ("overlap_p2p", "1 if pipeline transfers overlap compute"),
           ("reduce_bytes", "bytes per gradient element in the reduction"),
-          ("adam", "1 for Adam, 0 for SGD")]
+          ("adam", "1 for Adam, 0 for SGD or no optimizer step")]
     f += [(f"schedule={s}", f"1 if the pipeline schedule is {s!r}") for s in _SCHEDULES]
     f += [(f"recompute={r}", f"1 if recomputation is {r!r}") for r in _RECOMPUTE]
     f += [(f"precision={p}", f"1 if the precision is {p!r}") for p in _PRECISIONS]

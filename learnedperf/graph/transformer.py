@@ -276,8 +276,11 @@ def optimizer_ops(params: float, optimizer: str, precision: str) -> list[Op]:
 
     Adam with fp32 master weights (mixed precision) reads weight, gradient and
     two moments and writes weight, moments and the low-precision copy; the
-    gradient-norm pass for clipping reads the gradients once more.
+    gradient-norm pass for clipping reads the gradients once more. ``"none"`` (an iteration timed
+    without its optimizer step) has no op.
     """
+    if optimizer == "none":
+        return []
     if optimizer == "adam":
         per_param = 4 * 4 + 3 * 4 + (dtype_bytes(precision) if precision not in ("fp32", "tf32") else 0) + 4
         flops = 12.0

@@ -354,9 +354,9 @@ def load_neusight_steps(data_dir: Path | None = None) -> LoadedSteps:
 
     Runs are ``<model>-<inf|train>-<seq>-<batch>``: training runs become one run each — the HF config
     ``neusight_model_configs/<model>.json`` through ``ModelSpec.from_hf_config`` at that sequence
-    length, one device of :func:`neusight_devices`, micro = global batch, fp32, no flash attention —
-    with ``iteration_time_ms`` = ``e2e_latency`` (forward + backward as NeuSight times them; no
-    optimizer step), the parts kept in ``run.meta``. Inference runs are not training iterations and are
+    length, one device of :func:`neusight_devices`, micro = global batch, fp32, no flash attention, no
+    optimizer step (``optimizer: "none"``) — with ``iteration_time_ms`` = ``e2e_latency`` (forward +
+    backward as NeuSight times them), the parts kept in ``run.meta``. Inference runs are not training iterations and are
     skipped, counted in ``skipped["inference"]``.
 
     Raises:
@@ -396,8 +396,9 @@ def load_neusight_steps(data_dir: Path | None = None) -> LoadedSteps:
                              f"{model.num_layers} layers")
         run = {"model": model.to_dict(),
                "hardware": {"device": descs[device_name], "num_devices": 1},
+               # NeuSight times forward and backward (e2e = fw + bwall): no optimizer step
                "strategy": {"micro_batch_size": batch, "global_batch_size": batch, "precision": "fp32",
-                            "flash_attention": False},
+                            "flash_attention": False, "optimizer": "none"},
                "id": f"neusight-{device_name.replace(' ', '_')}-{name}",
                "meta": {"fw_latency_ms": _num(row, "fw_latency", path, i),
                         "bwall_latency_ms": _num(row, "bwall_latency", path, i),

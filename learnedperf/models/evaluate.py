@@ -5,8 +5,9 @@ Each split of :data:`EVAL_SPLITS` is one rule over a record's columns. The rule 
 the simulated runs the rule marks are trained on (so an "unseen scale" model has seen no
 run, simulated or measured, at the tested scale). The splits are the measured-data
 counterparts of :data:`learnedperf.data.splits.SPLITS`: the measured runs available
-(vTrain's 1,440 A100 runs of 2-8 GPUs, this project's CPU steps of 1-4 processes) have no
-H200 or interleaved schedule and nothing beyond 8 devices, so the thresholds differ.
+(vTrain's 1,440 A100 runs of 2-8 GPUs, NeuSight's 3 single-V100 fp32 runs, this project's CPU
+steps of 1-4 processes) have no H200 or interleaved schedule and nothing beyond 8 devices, so
+the thresholds differ.
 
 Operator regressors of ``+ops`` methods are trained without the held-out device's operator
 measurements in the ``unseen_device:*`` splits (:data:`OP_DEVICE_HOLDOUT`).
@@ -45,6 +46,9 @@ EVAL_SPLITS: dict[str, tuple[str, Callable[[Any], Any]]] = {
                            lambda df: df["device_type"] == "A100-SXM4-80GB"),
     "unseen_device:CPU": ("test = CPU runs; CPU operator measurements left out of the operator regressor",
                           lambda df: _cpu(df)),
+    "unseen_device:V100": ("test = V100 runs (any V100 variant, and synthetic devices derived from them); V100 "
+                           "operator measurements left out of the operator regressor",
+                           lambda df: df["device_type"].str.startswith("V100")),
     "unseen_strategy": ("test = tensor x pipeline parallel mixes (tp > 1 and pp > 1) and interleaved schedules",
                         lambda df: ((df["tp"] > 1) & (df["pp"] > 1)) | ((df["pipeline_schedule"] == "interleaved")
                                                                           & (df["pp"] > 1))),
@@ -59,6 +63,7 @@ EVAL_SPLITS: dict[str, tuple[str, Callable[[Any], Any]]] = {
 OP_DEVICE_HOLDOUT: dict[str, Callable[[str], bool]] = {
     "unseen_device:A100": lambda name: "a100" in name.lower(),
     "unseen_device:CPU": lambda name: name.lower().startswith("cpu"),
+    "unseen_device:V100": lambda name: "v100" in name.lower(),
 }
 
 

@@ -154,8 +154,8 @@ def _peak(run, loads: list[StageLoad], in_flight: list[int]) -> MemoryBreakdown:
     zero = s.effective_zero_stage
     pbytes, gbytes = state_bytes_per_param(s)
     adam = s.optimizer == "adam"
-    # fp32 master weights exist only when the compute copy is low precision
-    master = 4 if pbytes < 4 else 0
+    # fp32 master weights exist only when the compute copy is low precision, and only for an optimizer to update
+    master = 4 if pbytes < 4 and s.optimizer != "none" else 0
     opt_per_param = master + (8 if adam else 0)
     per_layer = layer_activation_bytes(run)
     # autocast: each GEMM saves its low-precision weight copy for backward (not kept under full recompute)

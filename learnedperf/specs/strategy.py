@@ -62,7 +62,10 @@ class Strategy(Spec):
     grad_reduce_precision: Optional[Precision] = Field(
         default=None, description="precision of gradient reduction; default fp32 for bf16/fp8 "
                                   "(Megatron accumulates and reduces in fp32), else the run precision")
-    optimizer: Literal["adam", "sgd"] = "adam"
+    optimizer: Literal["adam", "sgd", "none"] = Field(
+        default="adam",
+        description="optimizer step of the iteration; 'none' = forward and backward only, as single-GPU "
+                    "profilers and NeuSight time a step (no optimizer states in memory either)")
 
     @model_validator(mode="after")
     def _check(self) -> "Strategy":
@@ -72,6 +75,10 @@ class Strategy(Spec):
         if self.fsdp and self.zero_stage == 1:
             raise FieldValueError("fsdp", "FSDP shards parameters (zero_stage 3, FULL_SHARD) or gradients and "
                                           "optimizer state (zero_stage 2, SHARD_GRAD_OP); it has no ZeRO-1 mode")
+        if self.optimizer == "none" and self.zero_stage in (1, 2) and not self.fsdp:
+            raise FieldValueError("optimizer", f"zero_stage {self.zero_stage} shards the optimizer step's states and "
+                                               "gathers its updated weights; a run without an optimizer step has none "
+                                               "(use zero_stage 0, 3 or fsdp)")
         if self.dp_replicate > 1 and self.effective_zero_stage == 0:
             raise FieldValueError("dp_replicate", "hybrid sharding replicates sharded states: it needs zero_stage "
                                                   ">= 1 or fsdp (without sharding every rank holds a replica)")
