@@ -133,6 +133,46 @@ def test_learned_cost_drives_the_simulator(fitted):
     assert cost._cache  # ops were costed through the regressor
 
 
+def test_learned_cost_uses_the_regressor_only_where_it_was_trained(fitted, tmp_path):
+    from learnedperf.cost import RooflineCost
+
+    # the synthetic records are fp32 and bf16 GEMMs on three accelerators, 600 in all
+    assert set(fitted.coverage_) == {("accelerator", "matmul", "fp32"), ("accelerator", "matmul", "bf16")}
+    assert sum(fitted.coverage_.values()) == 600
+    run = make_run(GPT_SMALL, num_devices=1, precision="bf16")
+    cost, roof = LearnedOpCost(run.hardware, fitted), RooflineCost(run.hardware)
+    gemm = Op("g", "matmul", "fwd", 2.0 * 512 ** 3, 3.0 * 512 * 512 * 2, "bf16", (1, 512, 512, 512))
+    half = Op("h", "matmul", "fwd", gemm.flops, gemm.bytes, "fp16", gemm.shape)  # no fp16 record
+    soft = Op("s", "softmax", "fwd", 5.0 * 2 ** 20, 8.0 * 2 ** 20, "bf16", (1, 2 ** 20))  # no softmax record
+    learned = fitted.predict_ops([gemm], run.hardware.device.to_dict())[0] * 1e-3
+    assert cost.compute_time_s(gemm) == pytest.approx(learned, rel=1e-12)
+    assert learned != pytest.approx(roof.compute_time_s(gemm), rel=1e-3)
+    assert cost.compute_time_s(half) == roof.compute_time_s(half)
+    assert cost.compute_time_s(soft) == roof.compute_time_s(soft)
+    assert cost.costed == {"learned": 1, "roofline": 2}
+    # a device with a measured bf16 GEMM curve is costed on its own curve, covered or not
+    curves = {"matmul": {"bf16": {"tflops": 100.0, "overhead_us": 5.0, "dim_half": 64.0}}}
+    timed = make_run(GPT_SMALL, num_devices=1, precision="bf16", device={**A100_LIKE, "kernel_curves": curves})
+    timed_cost = LearnedOpCost(timed.hardware, fitted)
+    assert RooflineCost(timed.hardware).has_curve(gemm) and not RooflineCost(timed.hardware).has_curve(soft)
+    assert timed_cost.compute_time_s(gemm) == RooflineCost(timed.hardware).compute_time_s(gemm)
+    assert timed_cost.costed == {"learned": 0, "roofline": 1}
+    # a CPU is another device class: the accelerators' GEMMs do not cover it
+    assert fitted.covers("dev-z", gemm) and not fitted.covers("cpu-some-host", gemm)
+    # coverage is saved in the sidecar and read back; a matrix fit does not know the devices
+    loaded = OpTimeRegressor.load(fitted.save(tmp_path / "m"))
+    assert loaded.coverage_ == fitted.coverage_
+    df = synthetic_records(60, 4)
+    bare = OpTimeRegressor(n_estimators=5).fit(op_features(df), df["time_ms"])
+    assert bare.coverage_ is None and bare.covers("cpu-some-host", soft)
+    meta_path = tmp_path / "m" / "op_time_model.json"
+    meta = json.loads(meta_path.read_text())
+    meta["coverage"] = [["accelerator", "matmul", "bf16", 0]]
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(InputError, match="coverage"):
+        OpTimeRegressor.load(tmp_path / "m")
+
+
 def test_excluded_features_do_not_change_predictions(fitted):
     X = op_features(synthetic_records(20, 5))
     X2 = X.copy()

@@ -119,6 +119,10 @@ class RooflineCost(CostModel):
         self._cache[op] = t
         return t
 
+    def has_curve(self, op: Op) -> bool:
+        """Whether ``op`` is costed on the device's measured curves (``kernel_curves``, ``optimizer_step``)."""
+        return self._curve(op) is not None
+
     def _curve(self, op: Op) -> float | None:
         """Seconds of ``op`` on the device's measured curves, or None when it has none for it."""
         d = self.hw.device

@@ -89,7 +89,8 @@ def _record_breakdown(row: Any) -> Optional[dict]:
 
 
 def learned_node_times_s(graph: dict, spec: Any, regressor: Any):
-    """The operator regressor's seconds for every compute node of ``graph`` (NaN for collectives).
+    """The learned operator costs' seconds for every compute node of ``graph`` (NaN for collectives):
+    the regressor's where it covers the op, the roofline's elsewhere (:class:`~learnedperf.models.gbdt.LearnedOpCost`).
 
     The ops come from :func:`~learnedperf.data.graphs.node_op` (a causal mask is not stored:
     attention nodes count as non-causal).
@@ -97,12 +98,15 @@ def learned_node_times_s(graph: dict, spec: Any, regressor: Any):
     import numpy as np
 
     from ..data.graphs import node_op
+    from .gbdt import LearnedOpCost
 
     out = np.full(len(graph["kind"]), np.nan)
     compute = np.flatnonzero(~graph["is_comm"])
     if len(compute):
         ops = [node_op(graph, int(i)) for i in compute]
-        out[compute] = regressor.predict_ops(ops, spec.hardware.device.to_dict()) * 1e-3
+        cost = LearnedOpCost(spec.hardware, regressor)
+        cost.prefetch(ops)
+        out[compute] = [cost.compute_time_s(op) for op in ops]
     return out
 
 

@@ -25,7 +25,13 @@ schema-incompatible model with an :class:`~learnedperf.errors.InputError`.
 :class:`LearnedOpCost` puts a fitted regressor behind the
 :class:`~learnedperf.cost.CostModel` interface (communication delegated to a
 :class:`~learnedperf.cost.RooflineCost`), so the simulator runs on learned
-operator costs.
+operator costs — where the device has no measured kernel curve for the op (its own timings
+come first) and the regressor was trained on that kind of operator. An op whose
+(device class, kind, dtype) no training record had (the regressor's ``coverage_``: say a
+bf16 GEMM on a GPU when only NeuSight's fp32 GPU kernels were measured) is costed by the
+roofline instead: a tree model extrapolates flat outside its data, and on the held-out
+evaluation the learned costs beat the roofline where they had such data (fp32 V100 steps)
+and lost where they had none (bf16 A100 steps).
 """
 
 from __future__ import annotations
@@ -75,7 +81,10 @@ class OpTimeRegressor:
 
     Learned state: ``booster_`` (the LightGBM booster, always in this process), ``n_features_in_``,
     ``schema_version_``, ``trained_with_`` (``'local'``, ``'dask'``, or ``'unknown'`` for a model
-    saved before this was recorded) and ``dask_workers_`` (workers that trained it, 0 locally).
+    saved before this was recorded), ``dask_workers_`` (workers that trained it, 0 locally) and
+    ``coverage_``: training records per ``(device class, kind, dtype)`` (:meth:`fit_records` sets it;
+    ``None`` after :meth:`fit` on a bare matrix, which does not say the devices, or for a model saved
+    before coverage was recorded: every op then counts as covered).
 
     Args:
         n_jobs: LightGBM threads (local training and prediction).
@@ -163,6 +172,7 @@ class OpTimeRegressor:
             self.trained_with_ = "dask"
         self.n_features_in_ = X.shape[1]
         self.schema_version_ = OP_FEATURE_SCHEMA.version
+        self.coverage_ = None
         return self
 
     def _fit_dask(self, client, X, target, sample_weight) -> tuple:
@@ -233,8 +243,15 @@ class OpTimeRegressor:
 
         ``client``: a ``dask.distributed.Client`` to train on its workers (see :meth:`fit`).
         """
-        return self.fit(op_features(records), records["time_ms"].to_numpy(), sample_weight=sample_weight,
-                        client=client)
+        self.fit(op_features(records), records["time_ms"].to_numpy(), sample_weight=sample_weight, client=client)
+        self.coverage_ = op_coverage(records)
+        return self
+
+    def covers(self, device_name: str, op: Op) -> bool:
+        """Whether training records of ``op``'s kind and dtype on a device of ``device_name``'s class
+        (:func:`~learnedperf.models.dataset.device_class`) exist; always True without ``coverage_``."""
+        cov = getattr(self, "coverage_", None)
+        return cov is None or (_device_class(device_name), op.kind, op.dtype) in cov
 
     def predict_records(self, records) -> "Any":
         """Predicted ``time_ms`` of each row of an ``OP_COLUMNS`` DataFrame."""
@@ -259,6 +276,9 @@ class OpTimeRegressor:
                 "model_sha256": sha256_file(model_path),
                 "training": {"trained_with": getattr(self, "trained_with_", "unknown"),
                              "dask_workers": getattr(self, "dask_workers_", 0)}}
+        cov = getattr(self, "coverage_", None)
+        if cov is not None:
+            meta["coverage"] = [[*key, n] for key, n in sorted(cov.items())]
         (directory / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         return directory
 
@@ -288,12 +308,40 @@ class OpTimeRegressor:
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
             raise InputError(f"{meta_path}: 'training.dask_workers' must be an integer >= 0, got {workers!r}")
         self = cls(**params)
+        self.coverage_ = _read_coverage(meta.get("coverage"), meta_path)
         self.booster_ = booster
         self.trained_with_ = training["trained_with"]
         self.dask_workers_ = workers
         self.n_features_in_ = booster.num_feature()
         self.schema_version_ = OP_FEATURE_SCHEMA.version  # checked equal to the sidecar's above
         return self
+
+
+def _device_class(name: str) -> str:
+    from .dataset import device_class
+
+    return device_class(name)
+
+
+def op_coverage(records: Any) -> dict[tuple[str, str, str], int]:
+    """Records per ``(device class, kind, dtype)`` of an ``OP_COLUMNS`` DataFrame: what a regressor
+    fitted on them has seen."""
+    from collections import Counter
+
+    classes = [_device_class(n) for n in records["device_name"].astype(str)]
+    return dict(Counter(zip(classes, records["kind"].astype(str), records["dtype"].astype(str))))
+
+
+def _read_coverage(data: Any, where: Path) -> dict | None:
+    """A sidecar's ``coverage`` list back as a dict (None when absent); a malformed one raises InputError."""
+    if data is None:
+        return None
+    ok = isinstance(data, list) and all(
+        isinstance(e, list) and len(e) == 4 and all(isinstance(s, str) for s in e[:3])
+        and isinstance(e[3], int) and not isinstance(e[3], bool) and e[3] > 0 for e in data)
+    if not ok:
+        raise InputError(f"{where}: 'coverage' must be a list of [device class, kind, dtype, records > 0]")
+    return {(e[0], e[1], e[2]): e[3] for e in data}
 
 
 #: ``datasets/measured`` of the repository this package sits in (learnedperf/../datasets/measured).
@@ -459,14 +507,28 @@ class LearnedOpCost(CostModel):
         self.comm = comm or RooflineCost(hardware)
         self._device = hardware.device.to_dict()
         self._cache: dict[Op, float] = {}
+        #: distinct compute ops costed by the regressor / by ``comm`` (outside the regressor's coverage)
+        self.costed = {"learned": 0, "roofline": 0}
 
     def prefetch(self, ops: Iterable[Op]) -> None:
-        """Predict and memoise the compute ops of ``ops`` not yet seen, in one batch."""
+        """Predict and memoise the compute ops of ``ops`` not yet seen, in one batch; ops the device's
+        measured curves cost (:meth:`RooflineCost.has_curve`) and ops outside the regressor's coverage
+        (:meth:`OpTimeRegressor.covers`) get ``comm``'s (the roofline's) time."""
         todo = list({op: None for op in ops if not op.is_comm and op not in self._cache})
-        if todo:
-            times_ms = self.regressor.predict_ops(todo, self._device)
-            for op, t in zip(todo, times_ms):
+        name = self.hw.device.name
+        # the device's own measured kernel curves come first: they are timings of this device, where the
+        # regressor generalises over others (on the held-out evaluation it lost to them on CPU steps)
+        curves = self.comm.has_curve if isinstance(self.comm, RooflineCost) else (lambda op: False)
+        learned = [op for op in todo if self.regressor.covers(name, op) and not curves(op)]
+        if learned:
+            times_ms = self.regressor.predict_ops(learned, self._device)
+            for op, t in zip(learned, times_ms):
                 self._cache[op] = float(t) * 1e-3
+        for op in todo:
+            if op not in self._cache:
+                self._cache[op] = self.comm.compute_time_s(op)
+        self.costed["learned"] += len(learned)
+        self.costed["roofline"] += len(todo) - len(learned)
 
     def prefetch_run(self, run: Any) -> "LearnedOpCost":
         """Predict every compute op of ``run``'s execution graph in one batch; return self.
