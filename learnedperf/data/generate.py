@@ -264,11 +264,11 @@ def generate_measured(task: dict) -> dict:
         rows = measured_rows(steps, origin, seen, skipped, no_prediction, graph_rel, graphs, graph_ids)
         by_origin.update(r["origin"] for r in rows)
         records.extend(rows)
+    from ..measure.public import default_shared_data
+
     for name, (rel, load) in PUBLIC_STEPS.items():
         if not task.get(name):
             continue
-        from ..measure.public import default_shared_data
-
         path = default_shared_data() / rel
         if path.exists():
             rows = measured_rows(load(), name, seen, skipped, no_prediction, graph_rel, graphs, graph_ids)
@@ -476,7 +476,7 @@ def _generate(out: Path, config: dict, workers: int, scheduler: Optional[str], p
     if config["measured"] and "measured" not in done:
         tasks.append({"kind": "measured", "key": "measured", "out": str(out.resolve()),
                       "paths": config["measured_paths"], "vtrain": config["vtrain"],
-                      "neusight": config.get("neusight", False)})
+                      "neusight": config["neusight"]})
     for k, start, stop in shards:
         key = f"simulated-{k:05d}"
         if key not in done:

@@ -410,7 +410,7 @@ def states_lower_bound_GiB(spec: Any) -> float:
     holds at least the average, so a run above this bound cannot fit and is rejected without
     compiling it (the exact check decides every other run).
     """
-    from ..graph.execution import state_bytes_per_param  # the bytes peak_memory uses
+    from ..graph.execution import optimizer_bytes_per_param, state_bytes_per_param  # the bytes peak_memory uses
 
     m, s = spec.model, spec.strategy
     mlp = m.mlp_matrices * m.hidden_size * m.ffn_hidden_size
@@ -421,7 +421,7 @@ def states_lower_bound_GiB(spec: Any) -> float:
     shards = s.shard_size
     zero = s.effective_zero_stage
     pbytes, gbytes = state_bytes_per_param(s)
-    opt = (4 if pbytes < 4 else 0) + (8 if s.optimizer == "adam" else 0)
+    opt = optimizer_bytes_per_param(s)
     per_param = (pbytes / (shards if zero >= 3 else 1) + gbytes / (shards if zero >= 2 else 1)
                  + opt / (shards if zero >= 1 else 1))
     return params * per_param / 2**30

@@ -211,6 +211,15 @@ def state_bytes_per_param(s) -> tuple[int, int]:
     return pbytes, dtype_bytes(s.reduce_precision)
 
 
+def optimizer_bytes_per_param(s) -> int:
+    """Bytes per parameter the optimizer keeps for strategy ``s``: fp32 master weights when the compute
+    copy is low precision, plus Adam's two fp32 moments; none without an optimizer step."""
+    if s.optimizer == "none":
+        return 0
+    master = 4 if state_bytes_per_param(s)[0] < 4 else 0
+    return master + (8 if s.optimizer == "adam" else 0)
+
+
 def chunk_layout(run: RunSpec) -> list[ChunkLayout]:
     """Every virtual stage's layers and parameters, in virtual-stage order (``pp·v`` entries).
 

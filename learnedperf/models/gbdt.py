@@ -49,6 +49,7 @@ from ..features.ops import OP_FEATURE_SCHEMA, ROOFLINE_COLUMN, FeatureSchema, op
 from ..graph.ops import Op
 from ..measure.records import sha256_file
 from ..specs import HardwareSpec
+from .dataset import device_class
 
 MODEL_FILE = "op_time_model.txt"
 META_FILE = "op_time_model.json"
@@ -251,7 +252,7 @@ class OpTimeRegressor:
         """Whether training records of ``op``'s kind and dtype on a device of ``device_name``'s class
         (:func:`~learnedperf.models.dataset.device_class`) exist; always True without ``coverage_``."""
         cov = getattr(self, "coverage_", None)
-        return cov is None or (_device_class(device_name), op.kind, op.dtype) in cov
+        return cov is None or (device_class(device_name), op.kind, op.dtype) in cov
 
     def predict_records(self, records) -> "Any":
         """Predicted ``time_ms`` of each row of an ``OP_COLUMNS`` DataFrame."""
@@ -317,18 +318,12 @@ class OpTimeRegressor:
         return self
 
 
-def _device_class(name: str) -> str:
-    from .dataset import device_class
-
-    return device_class(name)
-
-
 def op_coverage(records: Any) -> dict[tuple[str, str, str], int]:
     """Records per ``(device class, kind, dtype)`` of an ``OP_COLUMNS`` DataFrame: what a regressor
     fitted on them has seen."""
     from collections import Counter
 
-    classes = [_device_class(n) for n in records["device_name"].astype(str)]
+    classes = [device_class(n) for n in records["device_name"].astype(str)]
     return dict(Counter(zip(classes, records["kind"].astype(str), records["dtype"].astype(str))))
 
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..graph.execution import ExecutionGraph, StageLoad, chunk_layout, stage_loads, state_bytes_per_param
+from ..graph.execution import (ExecutionGraph, StageLoad, chunk_layout, optimizer_bytes_per_param, stage_loads,
+                               state_bytes_per_param)
 from ..units import GiB
 
 
@@ -153,10 +154,7 @@ def _peak(run, loads: list[StageLoad], in_flight: list[int]) -> MemoryBreakdown:
     dp = s.shard_size
     zero = s.effective_zero_stage
     pbytes, gbytes = state_bytes_per_param(s)
-    adam = s.optimizer == "adam"
-    # fp32 master weights exist only when the compute copy is low precision, and only for an optimizer to update
-    master = 4 if pbytes < 4 and s.optimizer != "none" else 0
-    opt_per_param = master + (8 if adam else 0)
+    opt_per_param = optimizer_bytes_per_param(s)
     per_layer = layer_activation_bytes(run)
     # autocast: each GEMM saves its low-precision weight copy for backward (not kept under full recompute)
     cast_copy = 2.0 if s.autocast and s.recompute != "full" else 0.0
