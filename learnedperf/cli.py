@@ -59,7 +59,8 @@ _STRATEGY_FLAGS = {
     "schedule": "pipeline_schedule", "virtual_stages": "virtual_pipeline_stages",
     "zero": "zero_stage", "fsdp": "fsdp", "dp_replicate": "dp_replicate", "recompute": "recompute",
     "sequence_parallel": "sequence_parallel", "precision": "precision",
-    "mixed_precision": "mixed_precision", "flash_attention": "flash_attention",
+    "mixed_precision": "mixed_precision", "flash_attention": "flash_attention", "optimizer": "optimizer",
+    "forward_only": "forward_only",
 }
 # flag dest -> key of the run format's "hardware" object
 _HARDWARE_FLAGS = {"device": "device", "cluster": "cluster", "num_devices": "num_devices",
@@ -139,6 +140,10 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
                         "weights cast at every GEMM (torch.autocast)")
     m.add_argument("--no-flash-attention", dest="flash_attention", action="store_const", const=False,
                    help="unfused attention (the s x s scores are materialised)")
+    m.add_argument("--optimizer", choices=("adam", "sgd", "none"),
+                   help="optimizer step of the iteration (default adam; none: forward and backward only)")
+    m.add_argument("--forward-only", action="store_const", const=True,
+                   help="forward passes only (inference or evaluation step); implies --optimizer none")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -202,7 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", required=True, metavar="DIR", help="data set directory (learnedperf generate)")
     p.add_argument("--out", required=True, metavar="DIR", help="checkpoint directory to write")
     p.add_argument("--method", default="auto", metavar="NAME",
-                   help="method to ship, or 'auto': the lowest mean MAPE over the unseen splits of --evaluation")
+                   help="method to ship, or 'auto': the lowest mean MAPE over the unseen criteria (device, scale, "
+                        "family, strategy) of --evaluation")
     p.add_argument("--evaluation", metavar="REPORT.json", help="report of 'learnedperf evaluate': picks --method auto, "
                                                                 "calibrates intervals of novel runs, and its tables "
                                                                 "are copied into the manifest")
@@ -346,6 +352,8 @@ def _run_from_args(args: argparse.Namespace, prog: str) -> dict:
             section = run.get(key)
             section = dict(section) if isinstance(section, dict) else {}
             section.update({mapping[k]: v for k, v in given.items()})
+            if key == "strategy" and given.get("forward_only") and "optimizer" not in given:
+                section["optimizer"] = "none"  # a forward-only step has no optimizer step: say it once
             run[key] = section
     return run
 
@@ -463,6 +471,10 @@ def _table(pred: dict, run: Any) -> str:
         knobs.append("sequence parallel")
     if not s.flash_attention:
         knobs.append("no flash attention")
+    if s.forward_only:
+        knobs.append("forward only")
+    elif s.optimizer != "adam":
+        knobs.append(f"optimizer {s.optimizer}")
     knobs.append(s.precision + (" autocast" if s.autocast else ""))
 
     mem = pred["peak_memory_GiB"]
@@ -878,7 +890,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
             method, means = choose_method(report)
         except (InputError, KeyError, TypeError) as exc:
             raise UsageError(f"{prog}: error: --evaluation {args.evaluation}: {exc}") from None
-        chosen_by = f"lowest mean MAPE over the unseen splits of {os.path.basename(args.evaluation)}"
+        chosen_by = f"lowest mean MAPE over the unseen criteria of {os.path.basename(args.evaluation)}"
     elif method not in METHODS:
         raise UsageError(f"{prog}: error: unknown --method {method!r} (choose from auto, {', '.join(METHODS)})")
     gnn = _gnn_params(args, prog)

@@ -315,7 +315,7 @@ class Predictor:
             s, hw = spec.strategy, spec.hardware
             t_s = t_ms / 1e3
             peak = hw.device.peak_tflops.get(s.precision) or hw.device.peak_tflops.fp32
-            tflops = ctxs[j].flops_per_seq * s.global_batch_size / t_s / hw.num_devices / 1e12
+            tflops = ctxs[j].flops_per_seq_of(s) * s.global_batch_size / t_s / hw.num_devices / 1e12
             mem_gib = mem.total / GiB
             pred: dict[str, Any] = {
                 "iteration_time_ms": t_ms,

@@ -80,6 +80,22 @@ def test_run_file_with_flag_overrides(tmp_path, capsys):
     assert "tp 4" in out and "seq 1024" in out and "recompute full" in out
 
 
+def test_forward_only_flag_implies_no_optimizer(capsys):
+    from learnedperf.simulate import simulate
+
+    assert main(["simulate", *FLAGS, "--forward-only", "--format", "json"]) == 0
+    (pred,) = output_lines(capsys.readouterr().out)
+    run = dict(run_dict(), strategy={"tp": 2, "forward_only": True, "optimizer": "none"})
+    assert pred["iteration_time_ms"] == pytest.approx(simulate(run).iteration_time_s * 1e3, rel=1e-12)
+    assert pred["breakdown_ms"]["backward"] == pred["breakdown_ms"]["optimizer"] == 0
+    assert main(["simulate", *FLAGS, "--forward-only"]) == 0
+    assert "forward only" in capsys.readouterr().out
+    # an explicit optimizer is kept, and the contradiction named
+    assert main(["simulate", *FLAGS, "--forward-only", "--optimizer", "adam"]) == 1
+    err = capsys.readouterr().err
+    assert "strategy.forward_only" in err and len(err.strip().splitlines()) == 1
+
+
 def test_predict_says_its_source(capsys):
     """predict answers with the shipped checkpoint by default, and names it."""
     assert main(["predict", *FLAGS, "--format", "json"]) == 0

@@ -36,6 +36,26 @@ def test_ddp_fp16_gradients_is_16_bytes_per_param():
         assert model_states(mem) == pytest.approx(16 * run.model.num_params(), rel=1e-12)
 
 
+@pytest.mark.parametrize("kw", [dict(num_devices=1, global_batch_size=4),
+                                dict(num_devices=4, pp=4, global_batch_size=8, pipeline_schedule="gpipe"),
+                                dict(num_devices=4, pp=4, global_batch_size=8)])
+def test_forward_only_holds_weights_one_layer_and_the_logits(kw):
+    # nothing is saved for a backward: bf16 weights, the tensors of one layer of one micro-batch (however many
+    # micro-batches and layers the schedule has), and one fp32 copy of the logits on the last stage
+    run = make_run(LLAMA_GQA, forward_only=True, optimizer="none", **kw)
+    mem = peak_memory(compile_run(run))
+    assert mem == peak_memory_of(run)  # the closed form a planner uses agrees with the compiled schedule
+    assert mem.gradients == mem.optimizer_states == 0
+    assert mem.activations == pytest.approx(layer_activation_bytes(run), rel=1e-12)
+    training = peak_memory(compile_run(make_run(LLAMA_GQA, optimizer="none", **kw)))
+    assert mem.total < training.total and mem.activations < training.activations
+    m = run.model
+    logits = 4.0 * run.strategy.micro_batch_size * m.seq_length * m.vocab_size
+    if kw.get("pp", 1) == 1:  # (with a pipeline the peak may be another stage's)
+        assert mem.weights == training.weights
+        assert mem.temporary == pytest.approx(logits, rel=1e-12)
+
+
 def test_layernorm_model_counts_every_parameter():
     run = make_run(GPT_SMALL, num_devices=8, dp=8)
     mem = peak_memory(compile_run(run))

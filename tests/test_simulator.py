@@ -121,6 +121,51 @@ def test_run_without_optimizer_step_drops_exactly_that_step(kw):
     assert mem.weights + mem.gradients == pytest.approx((2 + 4) * psi / shards, rel=1e-12)
 
 
+@pytest.mark.parametrize("m,exact", [(1, False), (8, False), (8, True)])
+@pytest.mark.parametrize("kw", [dict(num_devices=1), dict(num_devices=8, dp=8)])
+def test_forward_only_step_is_the_sum_of_forward_op_costs(m, exact, kw):
+    # an inference/evaluation step: every micro-batch's forward ops back to back, nothing else (no gradients
+    # to reduce under DDP either); model FLOPs are the forward's
+    dp = kw.get("dp", 1)
+    run = make_run(LLAMA_GQA, global_batch_size=m * dp, forward_only=True, optimizer="none", **kw)
+    cost = roofline(run, KNOWN_PARAMS)
+    g = operator_graph(run.model, 1, run.strategy.precision, run.strategy.flash_attention, "none")
+    fwd = sum(cost.compute_time_s(op) * r for op, r in zip(g.ops, g.repeat) if op.phase == "fwd")
+    r = simulate(run, cost=cost, exact=exact)
+    assert r.iteration_time_s == pytest.approx(m * fwd, rel=1e-9)
+    assert r.breakdown_s["backward"] == r.breakdown_s["optimizer"] == 0
+    assert r.breakdown_s["exposed_communication"] <= 1e-12 * r.iteration_time_s  # float rounding only
+    assert r.model_flops == pytest.approx(g.total_flops("fwd") * m * dp, rel=1e-12)
+
+
+@pytest.mark.parametrize("kw", [dict(num_devices=1, global_batch_size=4),
+                                dict(num_devices=8, dp=8, global_batch_size=16)])
+def test_forward_only_analytic_time_and_features(kw):
+    # the fast tier's closed form of a step without pipeline or collectives is the simulator's sum of op costs
+    from learnedperf.features.run import RUN_FEATURE_SCHEMA, RunContext, run_features
+
+    run = make_run(GPT_SMALL, forward_only=True, optimizer="none", **kw)
+    x, at = run_features(run, RunContext(run.model, run.hardware), 1.0)
+    assert at.total_s == pytest.approx(simulate(run).iteration_time_s, rel=1e-9)
+    assert dict(zip(RUN_FEATURE_SCHEMA.names, x))["forward_only"] == 1.0
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 4)])
+def test_forward_only_pipeline_fills_once(p, m):
+    # forwards only: the first micro-batch crosses p identical stages, then one leaves every stage time, so
+    # the step is (m + p - 1) stage forwards (free communication; the embedding and an 8-wide head are < 1 %)
+    one = simulate(make_run(UNIFORM, global_batch_size=1, forward_only=True, optimizer="none"),
+                   cost=roofline(make_run(UNIFORM), FREE_COMM_PARAMS))
+    run = make_run(UNIFORM, num_devices=p, pp=p, global_batch_size=m, forward_only=True, optimizer="none")
+    r = simulate(run, cost=roofline(run, FREE_COMM_PARAMS), exact=True)
+    assert r.iteration_time_s == pytest.approx((m + p - 1) * one.iteration_time_s / p, rel=BUBBLE_REL)
+    # extrapolating the steady state agrees with simulating every micro-batch
+    long = make_run(UNIFORM, num_devices=p, pp=p, global_batch_size=8 * m, forward_only=True, optimizer="none")
+    cost = roofline(long, KNOWN_PARAMS)
+    assert simulate(long, cost=cost).iteration_time_s == pytest.approx(
+        simulate(long, cost=cost, exact=True).iteration_time_s, rel=1e-9)
+
+
 def test_gradient_reduction_without_overlap_is_serial():
     # DDP without overlap: backward, then every bucket's all-reduce back to back, then the optimizer
     run = make_run(LLAMA_GQA, num_devices=8, dp=8, overlap_grad_reduce=False)

@@ -223,7 +223,16 @@ def build_graph(eg: Any, cost: Any) -> GraphBuilder:
                     g.dst.extend(range(i0 + 1, i0 + k))
                     g.etype.extend([_DATA] * (k - 1))
                     last = i0 + k - 1
-                table_last[(gi, ci)] = last
+                if last >= 0:
+                    table_last[(gi, ci)] = last
+            if s.forward_only:
+                # no backward: only fully sharded weights travel, gathered for each forward
+                if s.per_layer_sharding and eg.shard_group.size > 1:
+                    layers = max(1, chunk.num_layers)
+                    op = comm("chunk.fsdp_allgather.fwd", "allgather", "fwd", chunk.params / layers * pbytes,
+                              eg.shard_group, s.precision)
+                    g.edge(g.node(feat(op), layers, m, first, count, ci), f_first[(gi, ci)], _CTRL)
+                continue
             g.edge(f_last[(gi, ci)], b_first[(gi, ci)], _CTRL)
             if s.per_layer_sharding and eg.shard_group.size > 1:
                 # one gather (forward; again for backward when fully sharded) and one reduce-scatter per layer
@@ -290,6 +299,8 @@ def build_graph(eg: Any, cost: Any) -> GraphBuilder:
                 send_f[a] = g.node(feat(op), 1, m, stage_a, count_a, a[1])
                 g.edge(f_last[a], send_f[a], _PIPE)
             g.edge(send_f[a], f_first[b], _PIPE)
+            if s.forward_only:
+                continue
             if b not in send_b:
                 op = comm("pipeline.send_gradients", "p2p", "bwd", eg.p2p_bytes, eg.p2p_group, s.precision)
                 send_b[b] = g.node(feat(op), 1, m, stage_b, count_b, b[1])

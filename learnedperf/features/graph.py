@@ -34,7 +34,7 @@ from ..data.graphs import DTYPES, EDGE_TYPES, KINDS, NODE_FEATURES, PHASES, SHAP
 from ..errors import InputError
 from .ops import FeatureSchema
 
-GRAPH_FEATURE_SCHEMA_VERSION = 4
+GRAPH_FEATURE_SCHEMA_VERSION = 5
 """Version of the node, edge and global feature schemas together; bumped on any change of names,
 order or meaning (checkpoints refuse to load under another version)."""
 
@@ -94,7 +94,8 @@ def _global_features() -> tuple[tuple[str, str], ...]:
     f += [("fsdp", "1 with PyTorch FSDP (per-layer gathers through copy-in/copy-out buffers)"),
           ("log_dp_replicate", "log(copies of the sharded states): hybrid sharding, 0 = one copy")]
     f += [(f"recompute={r}", f"1 if activation recomputation is {r!r}") for r in _RECOMPUTE]
-    f += [("sequence_parallel", "1 with Megatron sequence parallelism")]
+    f += [("sequence_parallel", "1 with Megatron sequence parallelism"),
+          ("forward_only", "1 for a forward-only step (no backward, gradients or optimizer)")]
     f += [(f"schedule={s}", f"1 if the pipeline schedule is {s!r}") for s in _SCHEDULES]
     f += [("log_virtual_pipeline_stages", "log(model chunks per pipeline rank)"),
           ("log_micro_batch_size", "log(sequences per micro-batch)"),
@@ -400,6 +401,7 @@ def global_feature_vector(spec: Any, sim_time_ms: float, breakdown_ms: Mapping[s
         cols[f"zero_stage={z}"] = float(s.effective_zero_stage == z)
     cols["fsdp"] = float(s.fsdp)
     cols["log_dp_replicate"] = math.log(s.dp_replicate)
+    cols["forward_only"] = float(s.forward_only)
     for r in _RECOMPUTE:
         cols[f"recompute={r}"] = float(s.recompute == r)
     for sch in _SCHEDULES:

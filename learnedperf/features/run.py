@@ -35,7 +35,7 @@ from ..graph.transformer import (backward_of, embedding_backward, embedding_forw
                                  operator_graph, optimizer_ops, shard_for)
 from .ops import FeatureSchema
 
-RUN_FEATURE_SCHEMA_VERSION = 4
+RUN_FEATURE_SCHEMA_VERSION = 5
 """Version of :data:`RUN_FEATURE_SCHEMA`; bumped on any change of names, order or meaning."""
 
 _ARCHS = ("gpt", "llama", "bert", "moe")
@@ -86,7 +86,8 @@ def _features() -> tuple[tuple[str, str], ...]:
           ("overlap_param_gather", "1 if ZeRO-3 gathers are prefetched"),
           ("overlap_p2p", "1 if pipeline transfers overlap compute"),
           ("reduce_bytes", "bytes per gradient element in the reduction"),
-          ("adam", "1 for Adam, 0 for SGD or no optimizer step")]
+          ("adam", "1 for Adam, 0 for SGD or no optimizer step"),
+          ("forward_only", "1 for a forward-only step (no backward, gradients or optimizer)")]
     f += [(f"schedule={s}", f"1 if the pipeline schedule is {s!r}") for s in _SCHEDULES]
     f += [(f"recompute={r}", f"1 if recomputation is {r!r}") for r in _RECOMPUTE]
     f += [(f"precision={p}", f"1 if the precision is {p!r}") for p in _PRECISIONS]
@@ -155,6 +156,11 @@ class RunContext:
                               float(hardware.node_size), math.log(hardware.num_devices),
                               math.log(hardware.num_nodes)]
 
+    def flops_per_seq_of(self, strategy: Any) -> float:
+        """Model FLOPs of one sequence under ``strategy``: forward and backward, the forward alone for a
+        forward-only step."""
+        return self.flops_fwd_per_seq if strategy.forward_only else self.flops_per_seq
+
 
 @dataclass(frozen=True, slots=True)
 class AnalyticTime:
@@ -204,12 +210,12 @@ def _costs(ctx: RunContext, ops: list) -> tuple[float, float, float]:
 def layer_cost(run: Any, ctx: RunContext) -> tuple[float, ...]:
     """Seconds of one micro-batch on the run's shard: ``(dense layer compute, its memory-bound
     part, its collectives, MoE layer compute, its collectives, embedding, LM head)``, forward +
-    backward + recomputation, cached per distinct shard in ``ctx``."""
+    backward + recomputation (forward alone for a forward-only step), cached per distinct shard in ``ctx``."""
     s, m = run.strategy, ctx.model
     dpn = run.hardware.node_size
     tied_here = m.tie_embeddings and s.pp * s.virtual_pipeline_stages == 1
     key = (s.tp, s.cp, s.ep, s.dp, s.micro_batch_size, s.precision, s.mixed_precision, s.flash_attention,
-           s.sequence_parallel, s.recompute, tied_here)
+           s.sequence_parallel, s.recompute, tied_here, s.forward_only)
     hit = ctx.layer_costs.get(key)
     if hit is not None:
         return hit
@@ -217,14 +223,18 @@ def layer_cost(run: Any, ctx: RunContext) -> tuple[float, ...]:
                    group_placement(s.ep, s.tp, dpn))
 
     def unit(fwd: list) -> tuple[float, float, float]:
-        c = [_costs(ctx, ops) for ops in (fwd, backward_of(fwd), recompute_ops(fwd, s.recompute))]
-        return c[0][0] + c[1][0] + c[2][0], c[0][1] + c[1][1] + c[2][1], c[0][2] + c[1][2] + c[2][2]
+        parts = (fwd,) if s.forward_only else (fwd, backward_of(fwd), recompute_ops(fwd, s.recompute))
+        c = [_costs(ctx, ops) for ops in parts]
+        return sum(x[0] for x in c), sum(x[1] for x in c), sum(x[2] for x in c)
+
+    def backward(ops: list) -> list:
+        return [] if s.forward_only else ops
 
     dense = unit(layer_forward(m, sh, False))
     moe = unit(layer_forward(m, sh, True, "moe_layer")) if m.is_moe else (0.0, 0.0, 0.0)
-    emb = _costs(ctx, embedding_forward(m, sh))[0] + _costs(ctx, embedding_backward(m, sh, tied_here))[0]
+    emb = _costs(ctx, embedding_forward(m, sh))[0] + _costs(ctx, backward(embedding_backward(m, sh, tied_here)))[0]
     f = head_forward(m, sh)
-    head = _costs(ctx, f)[0] + _costs(ctx, backward_of(f))[0]
+    head = _costs(ctx, f)[0] + _costs(ctx, backward(backward_of(f)))[0]
     if len(ctx.layer_costs) >= 4096:
         ctx.layer_costs.pop(next(iter(ctx.layer_costs)))
     out = ctx.layer_costs[key] = (dense[0], dense[1], dense[2], moe[0], moe[2], emb, head)
@@ -272,7 +282,7 @@ def analytic_time(run: Any, ctx: RunContext, loads: Optional[list] = None) -> An
     tp, pp, dp, cp, v = s.tp, s.pp, s.dp, s.cp, s.virtual_pipeline_stages
     mb = run.num_microbatches
     peak = run.hardware.device.peak_flops(s.precision)
-    flops = ctx.flops_per_seq * s.global_batch_size / n
+    flops = ctx.flops_per_seq_of(s) * s.global_batch_size / n
     if s.recompute == "full":
         flops += ctx.flops_fwd_per_seq * s.global_batch_size / n
     dense_c, dense_mem, dense_comm, moe_c, moe_comm, emb, head = layer_cost(run, ctx)
@@ -289,7 +299,8 @@ def analytic_time(run: Any, ctx: RunContext, loads: Optional[list] = None) -> An
         e = 4 if s.autocast else 2 if s.precision == "fp8" else _BYTES[s.precision]
         act = s.micro_batch_size * m.seq_length / cp * m.hidden_size * e
         p2p = act / (tp if s.sequence_parallel and tp > 1 else 1)
-        pp_s = 2 * p2p * mb * v / _link_Bps(ctx, pp, tp * cp * dp)
+        # activations forward, their gradients backward
+        pp_s = (1 if s.forward_only else 2) * p2p * mb * v / _link_Bps(ctx, pp, tp * cp * dp)
     if loads is None:
         loads = stage_loads(chunk_layout(run), pp)
     heaviest = max(loads, key=lambda ld: ld.dense_params + ld.expert_params)
@@ -304,7 +315,18 @@ def analytic_time(run: Any, ctx: RunContext, loads: Optional[list] = None) -> An
     dp_s = 0.0
     per_layer = s.per_layer_sharding and shard_group.size > 1
     replica_s = 0.0  # hybrid sharding: the reduced shards all-reduced over the replicas, once an iteration
-    if per_layer:
+    if s.forward_only:
+        # nothing to reduce; fully sharded weights are still gathered layer by layer for each forward
+        if per_layer:
+            pieces = max(1, round(m.num_layers / pp))
+            gather_mb = _collective_s(ctx, "allgather", (dense_p + expert_p) * pbytes, shard_group, s.precision,
+                                      pieces)
+            dp_s = mb * gather_mb
+            if s.fsdp:
+                layer_p = (dense_p + expert_p) / pieces
+                compute += mb * pieces * sum(ctx.cost.compute_time_s(op)
+                                             for op in fsdp_copy_ops("allgather", layer_p, shard_group.size, s))
+    elif per_layer:
         # per micro-batch and layer (the simulator groups layers into units but keeps every layer's
         # collective): gather the weights for forward and, fully sharded, again for backward;
         # reduce-scatter the gradients
@@ -347,7 +369,11 @@ def analytic_time(run: Any, ctx: RunContext, loads: Optional[list] = None) -> An
             dp_s += _collective_s(ctx, "allgather", (dense_p + expert_p) * pbytes, shard_group, s.precision)
     # the last micro-batch's backward (about 2/3 of its compute) hides an overlapped reduction;
     # ZeRO-3 gathers are prefetched under the compute of every micro-batch, layer by layer
-    if per_layer:
+    if s.forward_only:
+        # prefetched gathers hide behind each layer's forward except the first; unprefetched ones block
+        exposed = (dp_s / max(1, round(m.num_layers / pp)) + max(0.0, dp_s - compute) if s.overlap_param_gather
+                   else dp_s) if per_layer else 0.0
+    elif per_layer:
         if s.overlap_param_gather:
             # backward gathers and reduce-scatters run on two streams side by side
             # (the replicas' all-reduce runs after the last micro-batch's reduce-scatters, on their stream)
@@ -385,7 +411,7 @@ def run_features(run: Any, ctx: RunContext, peak_memory_GiB: float,
           1.0 if s.sequence_parallel and s.tp > 1 else 0.0,
           1.0 if s.flash_attention else 0.0, 1.0 if s.overlap_grad_reduce else 0.0,
           1.0 if s.overlap_param_gather else 0.0, 1.0 if s.overlap_p2p else 0.0,
-          float(_BYTES[s.reduce_precision]), 1.0 if s.optimizer == "adam" else 0.0]
+          float(_BYTES[s.reduce_precision]), 1.0 if s.optimizer == "adam" else 0.0, 1.0 if s.forward_only else 0.0]
     sched = s.pipeline_schedule if s.pp > 1 else ""
     x += [1.0 if sched == k else 0.0 for k in _SCHEDULES]
     x += [1.0 if s.recompute == k else 0.0 for k in _RECOMPUTE]
@@ -393,7 +419,7 @@ def run_features(run: Any, ctx: RunContext, peak_memory_GiB: float,
     x.append(1.0 if s.autocast else 0.0)
     m = run.model
     x += [math.log(s.micro_batch_size * m.seq_length / s.cp), math.log(m.hidden_size / s.tp),
-          math.log(ctx.flops_per_seq * s.global_batch_size / run.hardware.num_devices)]
+          math.log(ctx.flops_per_seq_of(s) * s.global_batch_size / run.hardware.num_devices)]
     total = at.total_s
     comm = at.layer_comm_s + at.pp_comm_s + at.exposed_dp_s
     x += [math.log(max(t, _MIN_S)) for t in (at.compute_s, at.layer_comm_s, at.peak_compute_s, at.memory_bound_s,

@@ -121,17 +121,30 @@ def schedule_gpipe(m: int) -> list[tuple[str, int, int]]:
     return [("F", 0, i) for i in range(m)] + [("B", 0, i) for i in range(m)]
 
 
+def _interleaved_unit(p: int, v: int, k: int, forward: bool) -> tuple[int, int]:
+    """(chunk, micro-batch) of a rank's ``k``-th forward (or backward) unit under interleaving: groups of
+    ``p`` micro-batches go through the chunks in turn (backwards through them in reverse)."""
+    chunk = (k % (p * v)) // p
+    if not forward:
+        chunk = v - 1 - chunk
+    return chunk, (k // (p * v)) * p + (k % p)
+
+
+def schedule_forward_only(p: int, v: int, m: int) -> list[tuple[str, int, int]]:
+    """Forward units only (an inference or evaluation step): every micro-batch through every chunk in
+    the order the training schedule runs forwards (Megatron's ``forward_only`` schedules); each stage
+    passes a micro-batch on as soon as it is done, so nothing waits for a backward."""
+    if v == 1:
+        return [("F", 0, i) for i in range(m)]
+    return [("F", *_interleaved_unit(p, v, k, True)) for k in range(m * v)]
+
+
 def schedule_interleaved(p: int, v: int, m: int, stage: int) -> list[tuple[str, int, int]]:
     """Megatron's interleaved 1F1B with ``v`` model chunks per rank (Narayanan et al., SC21, §2.2)."""
     total = m * v
 
     def unit(k: int, forward: bool) -> tuple[int, int]:
-        in_group = k % (p * v)
-        chunk = in_group // p
-        if not forward:
-            chunk = v - 1 - chunk
-        mb = (k // (p * v)) * p + (k % p)
-        return chunk, mb
+        return _interleaved_unit(p, v, k, forward)
 
     warm = min((p - stage - 1) * 2 + (v - 1) * p, total)
     order: list[tuple[str, int, int]] = []
@@ -332,7 +345,7 @@ def compile_run(run: RunSpec, num_microbatches: int | None = None) -> ExecutionG
             if vs == n_v - 1:
                 fwd.append((head_forward(model, sh), 1))
             bwd: list[Block] = []
-            for ops, rep in reversed(fwd):
+            for ops, rep in ([] if s.forward_only else reversed(fwd)):
                 key = id(ops)
                 if key not in bwd_memo:  # identical layers share one backward list (and its cost cache)
                     if ops is emb:
@@ -344,7 +357,9 @@ def compile_run(run: RunSpec, num_microbatches: int | None = None) -> ExecutionG
                 bwd.append((bwd_memo[key], rep))
             chunks.append(Chunk(vs, cl.num_layers, fwd, bwd, cl.dense_params + cl.expert_params, cl.dense_params,
                                 cl.expert_params, cl.layer_params, cl.root_params))
-        if pp == 1:
+        if s.forward_only:
+            sched = schedule_forward_only(pp, v, m)
+        elif pp == 1:
             # no pipeline: gradient accumulation runs each micro-batch forward then backward
             sched = [u for i in range(m) for u in (("F", 0, i), ("B", 0, i))]
         elif s.pipeline_schedule == "gpipe":
@@ -363,7 +378,7 @@ def compile_run(run: RunSpec, num_microbatches: int | None = None) -> ExecutionG
     h, V = model.hidden_size, model.vocab_size
     # with sequence parallelism Megatron sends only this rank's 1/tp of the activations between stages
     p2p_bytes = sh.tokens * h * sh.e_res / (tp if sh.sp else 1)  # the residual stream crosses stages
-    tied = V * h / tp * gbytes if (model.tie_embeddings and n_v > 1) else 0.0
+    tied = V * h / tp * gbytes if (model.tie_embeddings and n_v > 1 and not s.forward_only) else 0.0
     return ExecutionGraph(run, stages, m, p2p_bytes, pp_group, dp_group, expert_dp_group, tp_group,
                           s.grad_bucket_size_MiB * MiB, gbytes, pbytes, tied, shard_group, expert_shard_group,
                           replicate_group)
@@ -391,9 +406,11 @@ def gradient_buckets(eg: ExecutionGraph, chunk: Chunk) -> list[tuple[Op, int]]:
     the order backward produces them. DDP (ZeRO 0) all-reduces; ZeRO 1/2 reduce-scatter (each rank
     keeps its shard) in the shard group; ZeRO 3 / FSDP reduce-scatter per micro-batch (handled by the
     simulator). Under hybrid sharding each bucket's reduce-scatter is followed by the all-reduce of its
-    shard over the replicas (:func:`replica_allreduce`).
+    shard over the replicas (:func:`replica_allreduce`). A forward-only step has none.
     """
     s = eg.run.strategy
+    if s.forward_only:
+        return []  # no gradients
     zero = s.effective_zero_stage
     kind = "allreduce" if zero == 0 else "reducescatter"
     out: list[tuple[Op, int]] = []

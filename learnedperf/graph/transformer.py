@@ -323,11 +323,12 @@ def operator_graph(model: ModelSpec, batch: int = 1, precision: str = "bf16", fl
 
 
 def model_flops_per_iteration(run: RunSpec) -> float:
-    """Model FLOPs of one iteration (forward + backward, no recompute), the MFU numerator.
+    """Model FLOPs of one iteration (forward + backward, no recompute; forward alone for a
+    forward-only step), the MFU numerator.
 
     Counted from the operator graph (attention in full, as in the Megatron formula).
     """
     m, s = run.model, run.strategy
     g = operator_graph(m, 1, s.precision, True, s.optimizer)
-    per_seq = g.total_flops("fwd") + g.total_flops("bwd")
+    per_seq = g.total_flops("fwd") + (0.0 if s.forward_only else g.total_flops("bwd"))
     return per_seq * s.global_batch_size

@@ -16,6 +16,10 @@ scores (unless a fused kernel recomputes them), activation-function inputs,
 norm inputs and dropout masks; tensor and sequence parallelism divide what
 they shard; full recomputation keeps only each layer's input. A pipeline rank
 holds the activations of as many micro-batches as its schedule has in flight.
+A forward-only step (``forward_only``) keeps no gradients, no optimizer states and
+no activations for a backward: its working set is one layer's tensors of one
+micro-batch, bounded here by what that layer would save for a backward, and one
+fp32 copy of the logits.
 """
 
 from __future__ import annotations
@@ -159,10 +163,18 @@ def _peak(run, loads: list[StageLoad], in_flight: list[int]) -> MemoryBreakdown:
     # autocast: each GEMM saves its low-precision weight copy for backward (not kept under full recompute)
     cast_copy = 2.0 if s.autocast and s.recompute != "full" else 0.0
     T = s.micro_batch_size * m.seq_length // s.cp
+    if s.forward_only:
+        # nothing is saved for a backward: one layer of one micro-batch is alive at a time, without gradients
+        gbytes, in_flight = 0, [1] * len(loads)
     # bytes per parameter of weights, gradients and optimizer states together, after ZeRO sharding
     state_per_param = (pbytes / (dp if zero >= 3 else 1) + gbytes / (dp if zero >= 2 else 1)
                        + opt_per_param / (dp if zero >= 1 else 1))
-    logits = 2 * 4.0 * T * m.vocab_size / s.tp  # fp32 logits and their gradient of one micro-batch, last stage
+    # fp32 logits and their gradient of one micro-batch, last stage (no gradient in a forward-only step)
+    logits = (1 if s.forward_only else 2) * 4.0 * T * m.vocab_size / s.tp
+
+    def live_layers(ld: StageLoad) -> float:
+        # layers whose activations a micro-batch in flight holds: every layer of the chunk for a backward
+        return 1.0 if s.forward_only else ld.layers
 
     def temporary(ld: StageLoad) -> float:
         # gathered full weights of the layers being computed and prefetched (two layers) under ZeRO-3
@@ -171,13 +183,13 @@ def _peak(run, loads: list[StageLoad], in_flight: list[int]) -> MemoryBreakdown:
     best_total, best_index = -1.0, 0
     for index, ld in enumerate(loads):
         total = ((ld.dense_params + ld.expert_params) * state_per_param
-                 + (per_layer + cast_copy * ld.layer_params) * ld.layers * in_flight[index] + temporary(ld))
+                 + (per_layer + cast_copy * ld.layer_params) * live_layers(ld) * in_flight[index] + temporary(ld))
         if total > best_total:
             best_total, best_index = total, index
     ld = loads[best_index]
     params = ld.dense_params + ld.expert_params
     best = MemoryBreakdown(params * pbytes / (dp if zero >= 3 else 1), params * gbytes / (dp if zero >= 2 else 1),
                            params * opt_per_param / (dp if zero >= 1 else 1),
-                           (per_layer + cast_copy * ld.layer_params) * ld.layers * in_flight[best_index],
+                           (per_layer + cast_copy * ld.layer_params) * live_layers(ld) * in_flight[best_index],
                            temporary(ld), best_index)
     return best

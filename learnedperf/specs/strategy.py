@@ -66,6 +66,11 @@ class Strategy(Spec):
         default="adam",
         description="optimizer step of the iteration; 'none' = forward and backward only, as single-GPU "
                     "profilers and NeuSight time a step (no optimizer states in memory either)")
+    forward_only: bool = Field(
+        default=False,
+        description="forward passes only, as an inference or evaluation step runs them (Megatron's "
+                    "forward_only schedules, a model under torch.no_grad): no backward, no gradient "
+                    "reduction, no saved activations; needs optimizer 'none' and recompute 'none'")
 
     @model_validator(mode="after")
     def _check(self) -> "Strategy":
@@ -79,6 +84,12 @@ class Strategy(Spec):
             raise FieldValueError("optimizer", f"zero_stage {self.zero_stage} shards the optimizer step's states and "
                                                "gathers its updated weights; a run without an optimizer step has none "
                                                "(use zero_stage 0, 3 or fsdp)")
+        if self.forward_only and self.optimizer != "none":
+            raise FieldValueError("forward_only", f"a forward-only step has no optimizer step, but optimizer is "
+                                                  f"{self.optimizer!r} (set optimizer 'none')")
+        if self.forward_only and self.recompute != "none":
+            raise FieldValueError("forward_only", f"recomputation re-runs forwards for a backward; a forward-only "
+                                                  f"step has none (recompute is {self.recompute!r})")
         if self.dp_replicate > 1 and self.effective_zero_stage == 0:
             raise FieldValueError("dp_replicate", "hybrid sharding replicates sharded states: it needs zero_stage "
                                                   ">= 1 or fsdp (without sharding every rank holds a replica)")
