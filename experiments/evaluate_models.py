@@ -118,7 +118,7 @@ def main() -> int:
                           ("top1_regret", "top-1 regret"), ("coverage", "90 % interval coverage")):
         print(f"\n{title}\n\n{format_table(report, metric)}")
     best, means = choose_method(report)
-    print(f"\nmean MAPE over the unseen splits: {means}; best: {best}")
+    print(f"\nmean MAPE over the unseen criteria (device splits averaged first): {means}; best: {best}")
     for path in _plots(report, Path(args.figures)):
         print(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
     return 0

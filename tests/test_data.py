@@ -338,7 +338,7 @@ def test_measured_rows_join_the_records(tmp_path):
     assert len(load_records(out, sources=["simulated"])) == 8
 
 
-def test_neusight_training_runs_become_measured_v100_records():
+def test_neusight_runs_become_measured_records_of_five_devices():
     from learnedperf.data.generate import measured_rows
     from learnedperf.measure.public import default_shared_data, load_neusight_steps
     from learnedperf.models.evaluate import test_mask
@@ -348,19 +348,24 @@ def test_neusight_training_runs_become_measured_v100_records():
     steps = load_neusight_steps().records
     skipped, no_pred, graphs, ids = Counter(), Counter(), [], []
     recs = measured_rows(steps, "neusight", set(), skipped, no_pred, "_graphs/measured-00000.parquet", graphs, ids)
-    assert len(recs) == 3 and not skipped and not no_pred and len(graphs) == 3
+    assert len(recs) == 34 and not skipped and not no_pred and len(graphs) == 34
     for rec, step in zip(recs, steps):
-        assert rec["origin"] == "neusight" and rec["device_type"] == "V100-PCIE-32GB"
+        assert rec["origin"] == "neusight"
         run = json.loads(step["run"])
-        # NeuSight's e2e time is forward + backward: the run says it has no optimizer step
+        # NeuSight's e2e time is forward + backward (backward 0 for inference): no optimizer step
         assert run["strategy"]["optimizer"] == "none"
+        assert run["strategy"]["forward_only"] == (run["meta"]["bwall_latency_ms"] == 0)
         assert rec["iteration_time_ms"] == pytest.approx(run["meta"]["fw_latency_ms"] + run["meta"]["bwall_latency_ms"])
         pred = simulate(RunSpec.from_dict(run)).to_prediction()
         assert rec["sim_iteration_time_ms"] == pytest.approx(pred["iteration_time_ms"], rel=1e-12)
     import pandas as pd
 
-    assert test_mask(pd.DataFrame(recs), "unseen_device:V100").all()
-    assert not test_mask(pd.DataFrame(recs), "unseen_device:A100").any()
+    df = pd.DataFrame(recs)
+    # each device is the test side of its own split only
+    for split, device in (("unseen_device:V100", "V100-PCIE-32GB"), ("unseen_device:A100", "A100-PCIE-40GB"),
+                          ("unseen_device:T4", "T4"), ("unseen_device:P100", "P100-PCIE-16GB"),
+                          ("unseen_device:P4", "P4")):
+        assert (test_mask(df, split) == (df["device_type"] == device)).all(), split
 
 
 def test_vtrain_rows_become_measured_records():

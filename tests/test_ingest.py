@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -475,14 +476,25 @@ def test_neusight_ops_subset():
     assert r["flops"] == 2.0 * bsz * out * out * cout * cin * 9
 
 
-def test_neusight_steps_skip_inference_explicitly():
+def test_neusight_steps_keep_forward_only_runs_and_skip_encoder_decoders_explicitly():
     _need("neusight_step_times.csv", "neusight_model_configs", "neusight_devices.csv")
     from learnedperf.measure.public import load_neusight_steps
 
     loaded = load_neusight_steps()
-    assert loaded.skipped == {"inference": 37} and len(loaded.records) == 3
+    # 40 rows: 6 Switch (encoder-decoder) inference runs skipped, 31 inference and 3 training runs kept
+    assert loaded.skipped == {"encoder-decoder": 6} and len(loaded.records) == 34
     assert all(set(r) == set(STEP_COLUMNS) for r in loaded.records)
-    rec = min(loaded.records, key=lambda r: r["iteration_time_ms"])  # bert_large-train-512-2 on the V100
+    specs = {r["run_id"]: RunSpec.from_dict(json.loads(r["run"])) for r in loaded.records}
+    assert sum(s.strategy.forward_only for s in specs.values()) == 31
+    assert Counter(r["device_name"] for r in loaded.records) == {"A100-PCIE-40GB": 10, "V100-PCIE-32GB": 11,
+                                                                  "P100-PCIE-16GB": 5, "T4": 5, "P4": 3}
+    inf = next(r for r in loaded.records if r["run_id"] and "bert_large-inf-512-8" in json.loads(r["run"])["id"]
+               and r["device_name"] == "T4")
+    assert inf["iteration_time_ms"] == pytest.approx(694.4645385742188)  # e2e = the forward alone
+    s = specs[inf["run_id"]].strategy
+    assert (s.forward_only, s.optimizer, s.global_batch_size) == (True, "none", 8)
+    rec = min((r for r in loaded.records if not specs[r["run_id"]].strategy.forward_only),
+              key=lambda r: r["iteration_time_ms"])  # bert_large-train-512-2 on the V100
     assert rec["iteration_time_ms"] == pytest.approx(234.25801696777344)
     spec = RunSpec.from_dict(json.loads(rec["run"]))
     assert (spec.model.name, spec.model.arch, spec.model.seq_length, spec.model.num_layers) == \

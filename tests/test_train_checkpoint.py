@@ -217,6 +217,23 @@ def test_choose_method_uses_unseen_splits_only():
         choose_method({"methods": ["simulator"], "splits": {}})
 
 
+def test_choose_method_weighs_criteria_not_device_splits():
+    from learnedperf.models.pipeline import choose_method
+
+    def split(mapes):
+        return {"test_measured": 3, "methods": {m: {"mape": v} for m, v in mapes.items()}}
+
+    # "a" wins three device splits and loses scale badly; "b" is even. Split by split "a" would win
+    # ((2+2+2+10)/4 = 4 < 5); with the devices one criterion it loses ((2+10)/2 = 6 > 5)
+    report = {"methods": ["a", "b"], "predictions": [],
+              "splits": {"unseen_device:A100": split({"a": 2.0, "b": 5.0}),
+                         "unseen_device:CPU": split({"a": 2.0, "b": 5.0}),
+                         "unseen_device:V100": split({"a": 2.0, "b": 5.0}),
+                         "unseen_scale": split({"a": 10.0, "b": 5.0})}}
+    best, means = choose_method(report)
+    assert best == "b" and means == {"a": 6.0, "b": 5.0}
+
+
 def test_merge_reports():
     from learnedperf.models.evaluate import merge_reports
 

@@ -350,14 +350,16 @@ def load_neusight_ops(data_dir: Path | None = None, devices=None, ops=None):
 
 
 def load_neusight_steps(data_dir: Path | None = None) -> LoadedSteps:
-    """NeuSight's measured training runs (``neusight_step_times.csv``) as step records.
+    """NeuSight's measured runs (``neusight_step_times.csv``) as step records.
 
-    Runs are ``<model>-<inf|train>-<seq>-<batch>``: training runs become one run each — the HF config
+    Runs are ``<model>-<inf|train>-<seq>-<batch>``; each becomes one run — the HF config
     ``neusight_model_configs/<model>.json`` through ``ModelSpec.from_hf_config`` at that sequence
     length, one device of :func:`neusight_devices`, micro = global batch, fp32, no flash attention, no
-    optimizer step (``optimizer: "none"``) — with ``iteration_time_ms`` = ``e2e_latency`` (forward +
-    backward as NeuSight times them), the parts kept in ``run.meta``. Inference runs are not training iterations and are
-    skipped, counted in ``skipped["inference"]``.
+    optimizer step (``optimizer: "none"``) — with ``iteration_time_ms`` = ``e2e_latency``: forward +
+    backward as NeuSight times them for ``train``, the forward alone for ``inf``
+    (``forward_only: true``). The parts are kept in ``run.meta``. Encoder-decoder models (Switch/T5)
+    are skipped, counted in ``skipped["encoder-decoder"]``: ModelSpec has one stack, and the run name
+    does not give the decoder's input length.
 
     Raises:
         InputError: a file is missing or malformed, a model config is missing, or its layer count
@@ -377,15 +379,15 @@ def load_neusight_steps(data_dir: Path | None = None) -> LoadedSteps:
             raise InputError(f"{path}: line {i}: field 'run': expected <model>-<inf|train>-<seq>-<batch>, "
                              f"got {name!r}")
         model_name, mode, seq, batch = parts[0], parts[1], int(parts[2]), int(parts[3])
-        if mode == "inf":
-            skipped["inference"] = skipped.get("inference", 0) + 1
-            continue
         device_name = (row.get("device_dir") or "").replace("_", " ").strip()
         if device_name not in descs:
             raise InputError(f"{path}: line {i}: field 'device_dir': {row.get('device_dir')!r} is not in "
                              "neusight_devices.csv")
         cfg_path = base / "neusight_model_configs" / f"{model_name}.json"
         config = load_json_file(cfg_path)
+        if config.get("is_encoder_decoder"):
+            skipped["encoder-decoder"] = skipped.get("encoder-decoder", 0) + 1
+            continue
         try:
             model = ModelSpec.from_hf_config(config, seq_length=seq).model_copy(update={"name": model_name})
         except SpecError as exc:
@@ -396,9 +398,9 @@ def load_neusight_steps(data_dir: Path | None = None) -> LoadedSteps:
                              f"{model.num_layers} layers")
         run = {"model": model.to_dict(),
                "hardware": {"device": descs[device_name], "num_devices": 1},
-               # NeuSight times forward and backward (e2e = fw + bwall): no optimizer step
+               # NeuSight times forward and backward (e2e = fw + bwall), or the forward alone: no optimizer step
                "strategy": {"micro_batch_size": batch, "global_batch_size": batch, "precision": "fp32",
-                            "flash_attention": False, "optimizer": "none"},
+                            "flash_attention": False, "optimizer": "none", "forward_only": mode == "inf"},
                "id": f"neusight-{device_name.replace(' ', '_')}-{name}",
                "meta": {"fw_latency_ms": _num(row, "fw_latency", path, i),
                         "bwall_latency_ms": _num(row, "bwall_latency", path, i),

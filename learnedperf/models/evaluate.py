@@ -5,9 +5,9 @@ Each split of :data:`EVAL_SPLITS` is one rule over a record's columns. The rule 
 the simulated runs the rule marks are trained on (so an "unseen scale" model has seen no
 run, simulated or measured, at the tested scale). The splits are the measured-data
 counterparts of :data:`learnedperf.data.splits.SPLITS`: the measured runs available
-(vTrain's 1,440 A100 runs of 2-8 GPUs, NeuSight's 3 single-V100 fp32 runs, this project's CPU
-steps of 1-4 processes) have no H200 or interleaved schedule and nothing beyond 8 devices, so
-the thresholds differ.
+(vTrain's 1,440 A100 runs of 2-8 GPUs, NeuSight's 34 single-GPU fp32 runs on five GPUs — 3 training
+steps, 31 forward-only — this project's CPU steps of 1-4 processes) have no H200 or interleaved
+schedule and nothing beyond 8 devices, so the thresholds differ.
 
 Operator regressors of ``+ops`` methods are trained without the held-out device's operator
 measurements in the ``unseen_device:*`` splits (:data:`OP_DEVICE_HOLDOUT`).
@@ -19,6 +19,7 @@ and the coverage of the 90 % interval.
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any, Callable, Optional
 
@@ -32,6 +33,16 @@ MEASURED_SCALE_THRESHOLD = 4
 """Devices above which a run is in the unseen-scale test side (the measured runs go up to 8)."""
 
 
+def _device_is(df: Any, name: str):
+    # a device and its variants (A100-PCIE-40GB, A100-SXM4-80GB, ...), not a longer name (P4 vs P40)
+    return df["device_type"].str.fullmatch(rf"{name}(-.*)?")
+
+
+def _device_name_is(name: str, device: str) -> bool:
+    # the same rule over an operator record's device name (the catalog's spelling)
+    return re.fullmatch(rf"{device}(-.*)?", name, flags=re.IGNORECASE) is not None
+
+
 def _cpu(df: Any):
     # the interval's device-class rule, so that "unseen CPU" and the "cpu" calibration group are one notion
     return df["device_type"].map(device_class) == "cpu"
@@ -41,14 +52,17 @@ def _cpu(df: Any):
 EVAL_SPLITS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "unseen_family": ("test = model family llama (GQA, SwiGLU, RMSNorm, RoPE)",
                       lambda df: split_mask(df, "unseen_family")),
-    "unseen_device:A100": ("test = A100 runs (and synthetic devices derived from the A100); A100 operator "
-                           "measurements left out of the operator regressor",
-                           lambda df: df["device_type"] == "A100-SXM4-80GB"),
+    "unseen_device:A100": ("test = A100 runs (any A100 variant, and synthetic devices derived from them); A100 "
+                           "operator measurements left out of the operator regressor",
+                           lambda df: _device_is(df, "A100")),
     "unseen_device:CPU": ("test = CPU runs; CPU operator measurements left out of the operator regressor",
                           lambda df: _cpu(df)),
     "unseen_device:V100": ("test = V100 runs (any V100 variant, and synthetic devices derived from them); V100 "
                            "operator measurements left out of the operator regressor",
-                           lambda df: df["device_type"].str.startswith("V100")),
+                           lambda df: _device_is(df, "V100")),
+    **{f"unseen_device:{d}": (f"test = {d} runs (NeuSight's forward-only fp32 steps, and synthetic devices derived "
+                              f"from the {d}); {d} operator measurements left out of the operator regressor",
+                              lambda df, d=d: _device_is(df, d)) for d in ("T4", "P100", "P4")},
     "unseen_strategy": ("test = tensor x pipeline parallel mixes (tp > 1 and pp > 1) and interleaved schedules",
                         lambda df: ((df["tp"] > 1) & (df["pp"] > 1)) | ((df["pipeline_schedule"] == "interleaved")
                                                                           & (df["pp"] > 1))),
@@ -61,9 +75,8 @@ EVAL_SPLITS: dict[str, tuple[str, Callable[[Any], Any]]] = {
 
 #: split → predicate over an operator record's device name: those operator rows are left out
 OP_DEVICE_HOLDOUT: dict[str, Callable[[str], bool]] = {
-    "unseen_device:A100": lambda name: "a100" in name.lower(),
     "unseen_device:CPU": lambda name: name.lower().startswith("cpu"),
-    "unseen_device:V100": lambda name: "v100" in name.lower(),
+    **{f"unseen_device:{d}": lambda name, d=d: _device_name_is(name, d) for d in ("A100", "V100", "T4", "P100", "P4")},
 }
 
 
