@@ -225,23 +225,20 @@ def build_graph(eg: Any, cost: Any) -> GraphBuilder:
                     last = i0 + k - 1
                 if last >= 0:
                     table_last[(gi, ci)] = last
-            if s.forward_only:
-                # no backward: only fully sharded weights travel, gathered for each forward
-                if s.per_layer_sharding and eg.shard_group.size > 1:
-                    layers = max(1, chunk.num_layers)
-                    op = comm("chunk.fsdp_allgather.fwd", "allgather", "fwd", chunk.params / layers * pbytes,
-                              eg.shard_group, s.precision)
-                    g.edge(g.node(feat(op), layers, m, first, count, ci), f_first[(gi, ci)], _CTRL)
-                continue
-            g.edge(f_last[(gi, ci)], b_first[(gi, ci)], _CTRL)
+            if not s.forward_only:
+                g.edge(f_last[(gi, ci)], b_first[(gi, ci)], _CTRL)
             if s.per_layer_sharding and eg.shard_group.size > 1:
-                # one gather (forward; again for backward when fully sharded) and one reduce-scatter per layer
+                # one gather (forward; again for backward when fully sharded) and one reduce-scatter per layer;
+                # a forward-only step gathers for its forward only
                 layers = max(1, chunk.num_layers)
-                phases = (("fwd", f_first), ("bwd", b_first)) if zero >= 3 else (("fwd", f_first),)
+                phases = ((("fwd", f_first), ("bwd", b_first)) if zero >= 3 and not s.forward_only
+                          else (("fwd", f_first),))
                 for phase, target in phases:
                     op = comm(f"chunk.fsdp_allgather.{phase}", "allgather", phase, chunk.params / layers * pbytes,
                               eg.shard_group, s.precision)
                     g.edge(g.node(feat(op), layers, m, first, count, ci), target[(gi, ci)], _CTRL)
+                if s.forward_only:
+                    continue
                 op = comm("chunk.fsdp_reducescatter", "reducescatter", "bwd", chunk.params / layers * gbytes,
                           eg.shard_group, s.reduce_precision)
                 rs = g.node(feat(op), layers, m, first, count, ci)

@@ -307,6 +307,8 @@ def analytic_time(run: Any, ctx: RunContext, loads: Optional[list] = None) -> An
     dense_p, expert_p = heaviest.dense_params, heaviest.expert_params
     zero = s.effective_zero_stage
     pbytes, gbytes = state_bytes_per_param(s)
+    if s.forward_only:
+        gbytes = 0  # no gradients: every reduction below moves nothing
     dp_group = group_placement(dp * cp, tp, dpn)
     edp_group = group_placement(dp * cp // s.ep, tp * s.ep, dpn) if s.ep > 1 else dp_group
     shard_group, eshard_group, rep_group = sharding_groups(run)
@@ -315,24 +317,13 @@ def analytic_time(run: Any, ctx: RunContext, loads: Optional[list] = None) -> An
     dp_s = 0.0
     per_layer = s.per_layer_sharding and shard_group.size > 1
     replica_s = 0.0  # hybrid sharding: the reduced shards all-reduced over the replicas, once an iteration
-    if s.forward_only:
-        # nothing to reduce; fully sharded weights are still gathered layer by layer for each forward
-        if per_layer:
-            pieces = max(1, round(m.num_layers / pp))
-            gather_mb = _collective_s(ctx, "allgather", (dense_p + expert_p) * pbytes, shard_group, s.precision,
-                                      pieces)
-            dp_s = mb * gather_mb
-            if s.fsdp:
-                layer_p = (dense_p + expert_p) / pieces
-                compute += mb * pieces * sum(ctx.cost.compute_time_s(op)
-                                             for op in fsdp_copy_ops("allgather", layer_p, shard_group.size, s))
-    elif per_layer:
+    pieces = max(1, round(m.num_layers / pp))
+    if per_layer:
         # per micro-batch and layer (the simulator groups layers into units but keeps every layer's
         # collective): gather the weights for forward and, fully sharded, again for backward;
-        # reduce-scatter the gradients
+        # reduce-scatter the gradients (a forward-only step gathers once and reduces nothing)
         params = dense_p + expert_p
-        pieces = max(1, round(m.num_layers / pp))
-        gathers = 2 if zero >= 3 else 1
+        gathers = 2 if zero >= 3 and not s.forward_only else 1
         gather_mb = _collective_s(ctx, "allgather", params * pbytes, shard_group, s.precision, pieces)
         rs_mb = _collective_s(ctx, "reducescatter", params * gbytes, shard_group, red, pieces)
         replica_s = _collective_s(ctx, "allreduce", params * gbytes / shard_group.size, rep_group, red, pieces)
@@ -349,8 +340,8 @@ def analytic_time(run: Any, ctx: RunContext, loads: Optional[list] = None) -> An
             layer_p = params / pieces
             copies = sum(ctx.cost.compute_time_s(op)
                          for op in fsdp_copy_ops("allgather", layer_p, shard_group.size, s))
-            copies = gathers * copies + sum(ctx.cost.compute_time_s(op)
-                                            for op in fsdp_copy_ops("reducescatter", layer_p, shard_group.size, s))
+            copies = gathers * copies + (0.0 if s.forward_only else sum(
+                ctx.cost.compute_time_s(op) for op in fsdp_copy_ops("reducescatter", layer_p, shard_group.size, s)))
             compute += mb * pieces * copies
     else:
         kind = "allreduce" if zero == 0 else "reducescatter"
@@ -369,10 +360,9 @@ def analytic_time(run: Any, ctx: RunContext, loads: Optional[list] = None) -> An
             dp_s += _collective_s(ctx, "allgather", (dense_p + expert_p) * pbytes, shard_group, s.precision)
     # the last micro-batch's backward (about 2/3 of its compute) hides an overlapped reduction;
     # ZeRO-3 gathers are prefetched under the compute of every micro-batch, layer by layer
-    if s.forward_only:
-        # prefetched gathers hide behind each layer's forward except the first; unprefetched ones block
-        exposed = (dp_s / max(1, round(m.num_layers / pp)) + max(0.0, dp_s - compute) if s.overlap_param_gather
-                   else dp_s) if per_layer else 0.0
+    if per_layer and s.forward_only and s.overlap_param_gather:
+        # prefetched gathers hide behind each layer's forward except the first
+        exposed = dp_s / pieces + max(0.0, dp_s - compute)
     elif per_layer:
         if s.overlap_param_gather:
             # backward gathers and reduce-scatters run on two streams side by side

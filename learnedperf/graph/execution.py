@@ -143,21 +143,18 @@ def schedule_interleaved(p: int, v: int, m: int, stage: int) -> list[tuple[str, 
     """Megatron's interleaved 1F1B with ``v`` model chunks per rank (Narayanan et al., SC21, §2.2)."""
     total = m * v
 
-    def unit(k: int, forward: bool) -> tuple[int, int]:
-        return _interleaved_unit(p, v, k, forward)
-
     warm = min((p - stage - 1) * 2 + (v - 1) * p, total)
     order: list[tuple[str, int, int]] = []
     for k in range(warm):
-        order.append(("F", *unit(k, True)))
+        order.append(("F", *_interleaved_unit(p, v, k, True)))
     fk, bk = warm, 0
     while fk < total:
-        order.append(("F", *unit(fk, True)))
+        order.append(("F", *_interleaved_unit(p, v, fk, True)))
         fk += 1
-        order.append(("B", *unit(bk, False)))
+        order.append(("B", *_interleaved_unit(p, v, bk, False)))
         bk += 1
     while bk < total:
-        order.append(("B", *unit(bk, False)))
+        order.append(("B", *_interleaved_unit(p, v, bk, False)))
         bk += 1
     return order
 

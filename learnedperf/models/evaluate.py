@@ -33,14 +33,14 @@ MEASURED_SCALE_THRESHOLD = 4
 """Devices above which a run is in the unseen-scale test side (the measured runs go up to 8)."""
 
 
-def _device_is(df: Any, name: str):
-    # a device and its variants (A100-PCIE-40GB, A100-SXM4-80GB, ...), not a longer name (P4 vs P40)
-    return df["device_type"].str.fullmatch(rf"{name}(-.*)?")
-
-
 def _device_name_is(name: str, device: str) -> bool:
-    # the same rule over an operator record's device name (the catalog's spelling)
+    # a device and its variants (A100-PCIE-40GB, A100-SXM4-80GB, ...), not a longer name (P4 vs P40)
     return re.fullmatch(rf"{device}(-.*)?", name, flags=re.IGNORECASE) is not None
+
+
+def _device_is(df: Any, name: str):
+    # the same rule over the records' device types (catalog names)
+    return df["device_type"].map(lambda t: _device_name_is(t, name))
 
 
 def _cpu(df: Any):
