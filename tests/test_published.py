@@ -355,3 +355,64 @@ def test_zero_plus_plus_is_not_hybrid_sharding(tmp_path, text):
     assert not got.runs
     ((_, reason),) = got.skipped
     assert "ZeRO++" in reason and "not hybrid sharding" in reason
+
+
+# ------------------------------------------------------------------ which device a gpu_type names
+# The expected part follows from the words alone: a stated memory size or form factor picks the part that
+# has it, an unstated form is the SXM one (flagged as assumed), and the dies of an MI250X/MI250 are the GPUs
+# ROCm exposes unless the row says it counts packages (flagged as assumed too).
+@pytest.mark.parametrize("gpu_type, device, assumed", [
+    ("NVIDIA A100 80GB PCIe", "A100-PCIE-80GB", False),
+    ("A100 40GB", "A100-SXM4-40GB", True),
+    ("V100 16GB", "V100-SXM2-16GB", True),
+    ("V100-PCIE-16GB", "V100-PCIE-16GB", False),
+    ("V100 32GB", "V100-SXM2-32GB", True),
+    ("Tesla V100-SXM3-32GB", "V100-SXM3-32GB", False),
+    ("Tesla P100-SXM2-16GB", "P100-SXM2-16GB", False),
+    ("A800 80GB", "A800-SXM4-80GB", False),
+    ("NVIDIA H800", "H800-SXM5-80GB", False),
+    ("GeForce RTX 4090", "RTX-4090", False),
+    ("NVIDIA RTX A6000", "RTX-A6000", False),
+    ("AMD Instinct MI250X", "MI250X-GCD", True),
+    ("MI250X GCD", "MI250X-GCD", False),
+    ("MI250X OAM", "MI250X", False),
+    ("AMD Instinct MI250X (128GB)", "MI250X", False),
+    ("MI300X 192GB", "MI300X", False),
+])
+def test_a_gpu_type_names_the_part_it_states(gpu_type, device, assumed):
+    from learnedperf.measure.published import _device_name
+
+    notes: list = []
+    assert _device_name(gpu_type, notes) == device
+    assert bool(notes) == assumed, notes
+
+
+@pytest.mark.parametrize("gpu_type, reason", [
+    ("H100 96GB", "states 96 GB, which no catalog H100 has"),
+    ("A100 SXM2", "states sxm2, a form no catalog A100 has"),
+    ("A10G", "'A10G' is not a catalog device"),
+])
+def test_a_stated_part_the_catalog_lacks_is_skipped_not_replaced(gpu_type, reason):
+    from learnedperf.measure.published import _device_name, _Skip
+
+    with pytest.raises(_Skip, match=reason):
+        _device_name(gpu_type, [])
+
+
+@pytest.mark.parametrize("gpu_type, interconnect, cluster, inter_GBps", [
+    # no cluster named: the vendor's reference system (DGX), not a cloud instance listed after it
+    ("A100 SXM4 40GB", "", "dgx-a100-40gb", None),
+    ("A100 SXM4 40GB", "AWS p4d.24xlarge, 400 Gbps EFA", "aws-p4d", None),
+    ("A100 SXM4 40GB", "Perlmutter, 4x 200Gb/s Slingshot-11 per node", "perlmutter", None),
+    # Frontier: 4 Slingshot NICs of 200 Gb/s for 8 GCDs, as the catalog has it (12.5 GB/s each)
+    ("AMD Instinct MI250X", "Frontier, 4x 200Gb/s Slingshot per node", "frontier", None),
+    # a stated NIC rate that differs from the catalog's overrides it: 8 x 200 Gb/s / 8 GPUs = 25 GB/s
+    ("A100 SXM4 40GB", "AWS p4d.24xlarge, 8x 200Gb/s", "aws-p4d", 25.0),
+])
+def test_a_row_runs_on_the_cluster_its_text_names(tmp_path, gpu_type, interconnect, cluster, inter_GBps):
+    path = _hybrid_table(tmp_path, {"num_gpus": "64", "gpu_type": gpu_type, "interconnect": interconnect,
+                                    "zero_or_fsdp": "FSDP"})
+    (m,) = load_published(path).runs
+    hw = m.run["hardware"]
+    assert hw["cluster"] == cluster
+    assert hw.get("inter_node_bandwidth_GBps") == inter_GBps

@@ -63,11 +63,13 @@ def get_model(name: str, field: str = "model") -> dict:
     return _get("models", name, field)
 
 
-def names(kind: str) -> list[str]:
-    """All names of ``kind`` ("devices", "clusters" or "models")."""
+def names(kind: str, sort: bool = True) -> list[str]:
+    """All names of ``kind`` ("devices", "clusters" or "models"), sorted, or with ``sort=False`` in the
+    catalog's own order (each kind lists a vendor's reference systems before later and derived ones)."""
     if kind not in _KINDS:
         raise ValueError(f"kind must be one of {_KINDS}")
-    return sorted(_load(kind)[0])
+    entries = list(_load(kind)[0])
+    return sorted(entries) if sort else entries
 
 
 def source(kind: str, name: str) -> dict:

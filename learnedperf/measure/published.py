@@ -189,48 +189,101 @@ def _tokens(text: str) -> list[str]:
     return [t for t in re.split(r"[^a-z0-9.]+", text.lower()) if t]
 
 
+# the form factor a name states ("sxm" agrees with "sxm4"), and a stated memory size ("80GB", "80 GB")
+_FORM = re.compile(r"^(sxm\d*|pcie)$")
+_MEMORY = re.compile(r"(\d+)\s*gb\b")
+# words that say a row counts whole packages of a multi-die accelerator, not its dies
+_PACKAGE = re.compile(r"\b(package|oam|module)\b")
+
+
+def _forms(tokens) -> set[str]:
+    return {t for t in tokens if _FORM.match(t)}
+
+
+def _form_agrees(stated: set[str], tokens: list[str]) -> bool:
+    """A device whose name has a form factor must carry each stated one ("sxm" is any SXM generation)."""
+    own = _forms(tokens)
+    return not own or all(any(o.startswith(f) for o in own) for f in stated)
+
+
+def _die_or_package(package: str, die: str, gpu_type: str, assumed: list) -> str:
+    """A multi-die package's catalog entry where the row says it counts packages, else one die's."""
+    if _PACKAGE.search(gpu_type.lower()):
+        return package
+    assumed.append(f"device {die} for {gpu_type!r} (each die of the package counted as one GPU, as ROCm exposes it)")
+    return die
+
+
 def _device_name(gpu_type: str, assumed: list) -> str:
     """The catalog device a row's ``gpu_type`` names: its exact name or alias, else the one entry whose
-    name shares the chip and every stated detail (memory, form factor); SXM where only that is left open."""
+    name shares the chip and every stated detail (memory, form factor); SXM where only that is left open.
+
+    A stated memory size or form factor that no entry of the chip has is a reason to skip the row, never
+    to take the nearest part (a "V100 16GB" is not the 32 GB one; a "P100 SXM2" not the PCIe card). A
+    multi-die package (MI250X, MI250) becomes one of its dies, the device ROCm and published runs count
+    as a GPU, unless the row says it counts packages (a memory size of the package, "OAM")."""
     from ..catalog import get_device, names
     from ..errors import CatalogError
 
     if not gpu_type:
         raise _Skip("field 'gpu_type' is missing")
     stripped = re.sub(r"^(nvidia|amd instinct|amd|tesla|google)\s+", "", gpu_type.strip(), flags=re.I)
+    text = stripped.lower()
     for form in (gpu_type, stripped, stripped.replace(" ", "-")):
         try:
-            return get_device(form)["name"]
+            name = get_device(form)["name"]
         except CatalogError:
-            pass
+            continue
+        die = f"{name}-GCD"
+        if die in names("devices") and not _MEMORY.search(text):
+            return _die_or_package(name, die, gpu_type, assumed)
+        return name
     want = set(_tokens(stripped.replace("-", " ")))
-    chips = {n: _tokens(n.replace("-", " ")) for n in names("devices")}
+    # in catalog order, so that of equals the reference part comes first (the V100 SXM2 before the SXM3)
+    chips = {n: _tokens(n.replace("-", " ")) for n in names("devices", sort=False)}
     # the chip is the first token of a catalog name (a100, h100, mi300x); the row must name it
     found = [n for n, toks in chips.items() if toks[0] in want]
-    # a stated detail that tells the candidates apart must agree: "80gb" excludes the 40 GB parts, "pcie"
-    # the SXM ones; one no candidate carries ("hbm3", "gpu") says nothing
-    details = [d for d in want if any(d in chips[n] for n in found) and d not in {chips[n][0] for n in found}]
-    found = [n for n in found if all(d in chips[n] for d in details)]
-    if len(found) > 1:
-        sxm = [n for n in found if any(t.startswith("sxm") for t in chips[n])]
-        if len(sxm) == 1:
-            assumed.append(f"device {sxm[0]} for {gpu_type!r} (the SXM form of the ones it could name)")
-            return sxm[0]
-    if len(found) == 1:
-        return found[0]
     if not found:
         raise _Skip(f"gpu_type {gpu_type!r} is not a catalog device (see 'learnedperf catalog devices'); "
                     "add it to the catalog with its data-sheet values")
+    chip = chips[found[0]][0].upper()
+    memory = {int(m) for m in _MEMORY.findall(text)}
+    if memory:
+        found = [n for n in found if get_device(n)["memory_GiB"] in memory]
+        if not found:
+            raise _Skip(f"gpu_type {gpu_type!r} states {'/'.join(map(str, sorted(memory)))} GB, which no catalog "
+                        f"{chip} has; add that part to the catalog with its data-sheet values")
+    stated_forms = _forms(want)
+    found = [n for n in found if _form_agrees(stated_forms, chips[n])]
+    if not found:
+        raise _Skip(f"gpu_type {gpu_type!r} states {'/'.join(sorted(stated_forms))}, a form no catalog {chip} "
+                    "has; add that part to the catalog with its data-sheet values")
+    # any other stated detail that tells the candidates apart must agree ("gcd"); one no candidate carries
+    # ("hbm3", "gpu") says nothing
+    details = [d for d in want - stated_forms
+               if any(d in chips[n] for n in found) and d not in {chips[n][0] for n in found}]
+    found = [n for n in found if all(d in chips[n] for d in details)]
+    if len(found) > 1:
+        dies = [n for n in found if "gcd" in chips[n]]
+        if len(dies) == 1 and len(found) == 2:
+            return _die_or_package(next(n for n in found if n != dies[0]), dies[0], gpu_type, assumed)
+        sxm = [n for n in found if any(t.startswith("sxm") for t in chips[n])]
+        if sxm:
+            which = "SXM form" if len(sxm) == 1 else "first SXM form in the catalog"
+            assumed.append(f"device {sxm[0]} for {gpu_type!r} (the {which} of the ones it could name)")
+            return sxm[0]
+    if len(found) == 1:
+        return found[0]
     raise _Skip(f"gpu_type {gpu_type!r} could name {', '.join(found)}: state the memory or form factor")
 
 
 def _hardware(row: dict, device: str, num_gpus: int, assumed: list) -> tuple[dict, int]:
     """Run-format hardware: the catalog cluster of the device (the one the row's text names, else the
-    first), with the inter-node bandwidth the ``interconnect`` text states where it states one; and the
-    devices of one of its nodes."""
+    first in catalog order: the vendor's reference system), with the inter-node bandwidth the
+    ``interconnect`` text states where it states one; and the devices of one of its nodes."""
     from ..catalog import get_cluster, get_device, names, source
 
-    clusters = [c for c in names("clusters") if get_cluster(c)["device"] == device]
+    clusters = [c for c in names("clusters", sort=False) if get_cluster(c)["device"] == device]
     text = " ".join(_cell(row, k) for k in ("interconnect", "source", "notes")).lower()
 
     def named_in_text(c: str) -> bool:
