@@ -127,6 +127,10 @@ def test_sample_covers_families_devices_scales_and_strategies():
     assert any(x.sequence_parallel for x in st)
     assert any(x.cp > 1 for x in st) and any(x.ep > 1 for x in st) and any(x.tp >= 8 for x in st)
     assert len({x.precision for x in st}) >= 4
+    # forward-only (inference) steps, with and without pipelines and sharded weights, and training steps
+    fwd = [x for x in st if x.forward_only]
+    assert 0 < len(fwd) < len(st) // 4
+    assert any(x.pp > 1 for x in fwd) and any(x.effective_zero_stage == 3 for x in fwd)
     n = [s.hardware.num_devices for s in specs]
     assert min(n) == 1 and max(n) >= 8192 and any(v % 3 == 0 for v in n)
     runs = [s.run for s in samples]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import GPT_SMALL, LLAMA_GQA, KNOWN_PARAMS, make_run, roofline
+from conftest import GPT_SMALL, LLAMA_GQA, KNOWN_PARAMS, MOE, make_run, roofline
 from learnedperf.graph.execution import compile_run
 from learnedperf.simulate import simulate
 from learnedperf.simulate.memory import (in_flight_microbatches, layer_activation_bytes, memory_microbatches,
@@ -88,6 +88,24 @@ def test_fsdp_counts_as_zero_3():
     a = peak_memory(compile_run(make_run(LLAMA_GQA, num_devices=8, dp=8, fsdp=True)))
     b = peak_memory(compile_run(make_run(LLAMA_GQA, num_devices=8, dp=8, zero_stage=3)))
     assert model_states(a) == pytest.approx(model_states(b), rel=1e-12)
+
+
+@pytest.mark.parametrize("zero, ep", [(1, 2), (1, 8), (2, 4), (3, 4), (1, 1)])
+def test_zero_with_expert_parallelism_shards_every_parameter_once_over_dp(zero, ep):
+    # each expert lives on one rank of ep and its states are sharded over the dp·cp/ep ranks that hold it
+    # (Megatron-Core's expert-data-parallel group), so the dp ranks of one model replica hold every
+    # parameter's sharded state exactly once: per rank, K·Ψ/dp for each sharded kind, the ZeRO paper's
+    # formulas with Ψ the whole model, experts included (Ψ_expert/ep per rank, sharded over dp/ep)
+    dp = 8
+    run = make_run(MOE, num_devices=dp, dp=dp, ep=ep, zero_stage=zero)
+    psi = run.model.num_params()
+    mem = peak_memory(compile_run(run))
+    assert mem == peak_memory_of(run)
+    assert mem.optimizer_states == pytest.approx(12 * psi / dp, rel=1e-12)
+    if zero >= 2:
+        assert mem.gradients == pytest.approx(4 * psi / dp, rel=1e-12)
+    if zero >= 3:
+        assert mem.weights == pytest.approx(2 * psi / dp, rel=1e-12)
 
 
 # ----------------------------------------------------------------------------- activations

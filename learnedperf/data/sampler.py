@@ -26,7 +26,8 @@ What is covered, and how:
   one copy of the states per node, as FSDP's HYBRID_SHARD, else any valid copy count), recompute
   none / selective / full, sequence parallelism, every precision the device supports
   (bf16/fp16 a quarter of the time as torch.autocast over fp32 weights, else with fp32
-  master weights), micro-batch size and number of micro-batches.
+  master weights), micro-batch size and number of micro-batches; a share as forward-only
+  (inference / evaluation) steps, the kind of NeuSight's measured inference runs.
 
 Choices that keep generation fast and the simulator on safe ground, on purpose:
 pipelines of 16 / 32 / 64 stages are drawn rarely (about 1.5 %, 0.15 %, 0.1 % of
@@ -57,7 +58,7 @@ from typing import Any, Iterator
 
 from ..errors import InputError, LearnedPerfError, SpecError
 
-SAMPLER_VERSION = "4"
+SAMPLER_VERSION = "5"
 """Version of the sampling distribution; a change gives other runs for the same seed."""
 
 FAMILIES = ("gpt", "llama", "bert", "moe")
@@ -87,6 +88,9 @@ _EVEN_INTERLEAVING_SHARE = 0.6
 #: node (FSDP HYBRID_SHARD's default): sampling choices for coverage, not measured shares
 _HYBRID_SHARE = 0.3
 _HYBRID_NODE_SHARE = 0.6
+#: share of runs drawn as forward-only (inference / evaluation) steps: a sampling choice so that the
+#: simulated pre-training covers the structure of the measured inference runs, not a measured share
+_FORWARD_ONLY_SHARE = 0.08
 _BYTES_PER_PARAM = 18.0  # bf16 weights 2 + fp32 grads 4 + fp32 master 4 + two Adam moments 8 (ZeRO paper §3.1)
 
 
@@ -343,7 +347,21 @@ def _draw_strategy(rng: random.Random, spec_model: Any, device: dict, num_device
         s["overlap_p2p"] = True
     if rng.random() < 0.1:
         s["optimizer"] = "sgd"
+    if rng.random() < _FORWARD_ONLY_SHARE:
+        _forward_only(s)
     return s
+
+
+def _forward_only(s: dict) -> None:
+    """Make strategy ``s`` a forward-only step: no optimizer, recomputation or gradient reduction; ZeRO-1/2
+    (which shard only optimizer states and gradients) become plain data parallelism, ZeRO-3/FSDP keep
+    gathering the weights."""
+    s.update(forward_only=True, optimizer="none", recompute="none")
+    for key in ("overlap_grad_reduce", "grad_reduce_precision"):
+        s.pop(key, None)
+    if not s.get("fsdp") and s.get("zero_stage", 0) in (1, 2):
+        s.pop("zero_stage")
+        s.pop("dp_replicate", None)  # hybrid sharding needs sharded states
 
 
 def _replica_options(dp: int, cp: int, ep: int) -> list[int]:
@@ -355,17 +373,31 @@ def _memory_relief(rng: random.Random, s: dict) -> dict:
     """A variant of strategy ``s`` that needs less memory (retried before a full redraw)."""
     s = dict(s)
     top = 3 if s["pp"] <= _MAX_PP_ZERO3 else 2
-    if not s.get("fsdp") and s.get("zero_stage", 0) < top and s["dp"] * s.get("cp", 1) > 1:
-        s["zero_stage"] = rng.choice((s.get("zero_stage", 0) + 1, top)) if s.get("zero_stage", 0) < top - 1 else top
+    zero, shardable = s.get("zero_stage", 0), not s.get("fsdp") and s["dp"] * s.get("cp", 1) > 1
+    if s.get("forward_only"):
+        # no optimizer states or gradients to shard (ZeRO-1/2 are refused) and nothing to recompute: only
+        # sharding the weights (ZeRO-3) or a smaller micro-batch helps
+        if shardable and top == 3 and zero < 3:
+            s["zero_stage"] = 3
+        else:
+            _halve_micro_batch(s)
+    elif shardable and zero < top:
+        s["zero_stage"] = rng.choice((zero + 1, top)) if zero < top - 1 else top
         if s["zero_stage"] == 3:
             s.pop("overlap_grad_reduce", None)  # see _draw_strategy
     elif s.get("recompute") != "full":
         s["recompute"] = "full"
-    elif s["micro_batch_size"] > 1:
+    else:
+        _halve_micro_batch(s)
+    return s
+
+
+def _halve_micro_batch(s: dict) -> None:
+    """Halve the micro-batch of strategy ``s`` (keeping its number of micro-batches), if above 1."""
+    if s["micro_batch_size"] > 1:
         mb = s["micro_batch_size"] // 2
         s["global_batch_size"] = s["global_batch_size"] // s["micro_batch_size"] * mb
         s["micro_batch_size"] = mb
-    return s
 
 
 # ----------------------------------------------------------------------- draw
@@ -416,15 +448,19 @@ def states_lower_bound_GiB(spec: Any) -> float:
     mlp = m.mlp_matrices * m.hidden_size * m.ffn_hidden_size
     dense = m.layer_params(False)
     moe_layers = m.num_moe_layers
-    params = ((m.num_layers - moe_layers) * dense + moe_layers * (dense - mlp + m.num_experts // s.ep * mlp)
-              + m.embedding_params()) / s.tp / s.pp
-    shards = s.shard_size
+    router = m.hidden_size * m.num_experts if m.is_moe else 0
+    dense_params = ((m.num_layers - moe_layers) * dense + moe_layers * (dense - mlp + router)
+                    + m.embedding_params()) / s.tp / s.pp
+    expert_params = moe_layers * (m.num_experts // s.ep) * mlp / s.tp / s.pp
     zero = s.effective_zero_stage
     pbytes, gbytes = state_bytes_per_param(s)
     opt = optimizer_bytes_per_param(s)
-    per_param = (pbytes / (shards if zero >= 3 else 1) + gbytes / (shards if zero >= 2 else 1)
-                 + opt / (shards if zero >= 1 else 1))
-    return params * per_param / 2**30
+    total = 0.0
+    for nbytes, stage in ((pbytes, 3), (gbytes, 2), (opt, 1)):
+        # experts are sharded over their own expert-data-parallel group, dp·cp/ep
+        total += nbytes * (dense_params / (s.shard_size if zero >= stage else 1)
+                           + expert_params / (s.expert_shard_size if zero >= stage else 1))
+    return total / 2**30
 
 
 def draw(seed: int, index: int, keep_oom: bool = False, skip: int = 0) -> Sample:

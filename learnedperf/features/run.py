@@ -306,9 +306,7 @@ def analytic_time(run: Any, ctx: RunContext, loads: Optional[list] = None) -> An
     heaviest = max(loads, key=lambda ld: ld.dense_params + ld.expert_params)
     dense_p, expert_p = heaviest.dense_params, heaviest.expert_params
     zero = s.effective_zero_stage
-    pbytes, gbytes = state_bytes_per_param(s)
-    if s.forward_only:
-        gbytes = 0  # no gradients: every reduction below moves nothing
+    pbytes, gbytes = state_bytes_per_param(s)  # no gradient bytes in a forward-only step: reductions move nothing
     dp_group = group_placement(dp * cp, tp, dpn)
     edp_group = group_placement(dp * cp // s.ep, tp * s.ep, dpn) if s.ep > 1 else dp_group
     shard_group, eshard_group, rep_group = sharding_groups(run)

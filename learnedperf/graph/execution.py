@@ -215,10 +215,11 @@ class ChunkLayout:
 
 
 def state_bytes_per_param(s) -> tuple[int, int]:
-    """Bytes per parameter of the compute weights and of the gradients for strategy ``s``."""
+    """Bytes per parameter of the compute weights and of the gradients for strategy ``s`` (no gradients in a
+    forward-only step)."""
     # fp8 runs keep bf16 weights; autocast keeps fp32 weights and casts them at each GEMM
     pbytes = dtype_bytes(s.weight_precision) if s.precision not in ("fp8",) else 2
-    return pbytes, dtype_bytes(s.reduce_precision)
+    return pbytes, 0 if s.forward_only else dtype_bytes(s.reduce_precision)
 
 
 def optimizer_bytes_per_param(s) -> int:
@@ -241,7 +242,9 @@ def chunk_layout(run: RunSpec) -> list[ChunkLayout]:
     counts = _layers_per_vstage(model.num_layers, s.pp, s.virtual_pipeline_stages)
     h, V = model.hidden_size, model.vocab_size
     dense_layer_params = model.layer_params(False) / tp
-    moe_attn_params = (model.layer_params(False) - model.mlp_matrices * h * model.ffn_hidden_size) / tp
+    # an MoE layer's dense part: attention, norms and the router (h × experts, replicated over ep)
+    moe_attn_params = (model.layer_params(False) - model.mlp_matrices * h * model.ffn_hidden_size
+                       + (h * model.num_experts if model.is_moe else 0)) / tp
     expert_layer_params = (model.num_experts // s.ep) * model.mlp_matrices * h * model.ffn_hidden_size / tp
     out: list[ChunkLayout] = []
     first = 0

@@ -154,8 +154,10 @@ def _peak(run, loads: list[StageLoad], in_flight: list[int]) -> MemoryBreakdown:
     """The most loaded stage, given each stage's load and forward units in flight."""
     m, s = run.model, run.strategy
     # ZeRO shards over the whole data-parallel group (dp·cp in Megatron), or over one of its dp_replicate
-    # copies under hybrid sharding
-    dp = s.shard_size
+    # copies under hybrid sharding; expert parameters over their expert-data-parallel group, dp·cp/ep (each
+    # expert lives on one of ep ranks), as Megatron-Core's distributed optimizer and the optimizer step of
+    # the execution graph shard them
+    dp, edp = s.shard_size, s.expert_shard_size
     zero = s.effective_zero_stage
     pbytes, gbytes = state_bytes_per_param(s)
     opt_per_param = optimizer_bytes_per_param(s)
@@ -164,11 +166,19 @@ def _peak(run, loads: list[StageLoad], in_flight: list[int]) -> MemoryBreakdown:
     cast_copy = 2.0 if s.autocast and s.recompute != "full" else 0.0
     T = s.micro_batch_size * m.seq_length // s.cp
     if s.forward_only:
-        # nothing is saved for a backward: one layer of one micro-batch is alive at a time, without gradients
-        gbytes, in_flight = 0, [1] * len(loads)
-    # bytes per parameter of weights, gradients and optimizer states together, after ZeRO sharding
-    state_per_param = (pbytes / (dp if zero >= 3 else 1) + gbytes / (dp if zero >= 2 else 1)
-                       + opt_per_param / (dp if zero >= 1 else 1))
+        # nothing is saved for a backward: one layer of one micro-batch is alive at a time (and state_bytes_per_param
+        # gives no gradient bytes)
+        in_flight = [1] * len(loads)
+
+    def sharded(ld: StageLoad, bytes_per_param: float, stage: int) -> float:
+        # bytes of one kind of state (weights: ZeRO-3, gradients: 2, optimizer: 1) after ZeRO sharding
+        if zero < stage:
+            return (ld.dense_params + ld.expert_params) * bytes_per_param
+        return (ld.dense_params / dp + ld.expert_params / edp) * bytes_per_param
+
+    def states(ld: StageLoad) -> tuple[float, float, float]:
+        return sharded(ld, pbytes, 3), sharded(ld, gbytes, 2), sharded(ld, opt_per_param, 1)
+
     # fp32 logits and their gradient of one micro-batch, last stage (no gradient in a forward-only step)
     logits = (1 if s.forward_only else 2) * 4.0 * T * m.vocab_size / s.tp
 
@@ -182,14 +192,12 @@ def _peak(run, loads: list[StageLoad], in_flight: list[int]) -> MemoryBreakdown:
 
     best_total, best_index = -1.0, 0
     for index, ld in enumerate(loads):
-        total = ((ld.dense_params + ld.expert_params) * state_per_param
+        total = (sum(states(ld))
                  + (per_layer + cast_copy * ld.layer_params) * live_layers(ld) * in_flight[index] + temporary(ld))
         if total > best_total:
             best_total, best_index = total, index
     ld = loads[best_index]
-    params = ld.dense_params + ld.expert_params
-    best = MemoryBreakdown(params * pbytes / (dp if zero >= 3 else 1), params * gbytes / (dp if zero >= 2 else 1),
-                           params * opt_per_param / (dp if zero >= 1 else 1),
+    best = MemoryBreakdown(*states(ld),
                            (per_layer + cast_copy * ld.layer_params) * live_layers(ld) * in_flight[best_index],
                            temporary(ld), best_index)
     return best
