@@ -22,9 +22,12 @@ REQUIRED_DEVICES = [
     "V100-SXM2-32GB", "V100-PCIE-32GB", "A100-SXM4-40GB", "A100-SXM4-80GB", "A100-PCIE-40GB", "A100-PCIE-80GB",
     "H100-SXM5-80GB", "H100-PCIE-80GB", "H200-SXM-141GB", "B200", "GB200", "L4", "L40S", "T4", "P100-PCIE-16GB",
     "P4", "MI100", "MI210", "MI250X", "MI300X",
+    # parts published runs name: export variants, 16 GB and DGX-2 V100s, workstation and consumer cards, dies
+    "A800-SXM4-80GB", "H800-SXM5-80GB", "V100-SXM2-16GB", "V100-PCIE-16GB", "V100-SXM3-32GB", "P100-SXM2-16GB",
+    "A10", "A40", "L40", "RTX-A6000", "RTX-3090", "RTX-4090", "MI250X-GCD", "MI250-GCD", "MI325X",
 ]
 REQUIRED_CLUSTERS = ["dgx-v100", "dgx-a100", "dgx-a100-40gb", "selene", "dgx-h100", "dgx-h200", "dgx-b200",
-                     "gb200-nvl72", "hgx-mi300x"]
+                     "gb200-nvl72", "hgx-mi300x", "dgx-2", "frontier", "perlmutter", "aws-p4d", "aws-p4de", "aws-p5"]
 REQUIRED_MODELS = (
     [f"gpt3-{s}" for s in ("125m", "350m", "760m", "1.3b", "2.7b", "6.7b", "13b", "175b")]
     + [f"megatron-{s}" for s in ("1.7b", "3.6b", "7.5b", "18.4b", "39.1b", "76.1b", "145.6b", "310.1b", "529.6b", "1t")]
@@ -92,6 +95,29 @@ def test_device_known_values():
     assert DeviceSpec.parse(get_device("GB200")).devices_per_node is None  # the cluster defines it
     with pytest.raises(SpecError):
         v100.peak_flops("bf16")
+
+
+@pytest.mark.parametrize("package", ["MI250X", "MI250"])
+def test_a_die_is_half_its_package(package):
+    # an MI250X/MI250 is two graphics compute dies on one package: each has half of its compute units,
+    # HBM stacks (capacity and bandwidth) and peak rates, at the same clock
+    whole, die = get_device(package), get_device(f"{package}-GCD")
+    for key in ("memory_GiB", "memory_bandwidth_GBps", "num_sms"):
+        assert die[key] * 2 == pytest.approx(whole[key]), key
+    for dtype, peak in whole["peak_tflops"].items():
+        assert (die["peak_tflops"][dtype] is None) if peak is None else die["peak_tflops"][dtype] * 2 == \
+            pytest.approx(peak, rel=1e-3), dtype
+    assert die["clock_MHz"] == whole["clock_MHz"]
+
+
+@pytest.mark.parametrize("variant, base, link", [("A800-SXM4-80GB", "A100-SXM4-80GB", 200),
+                                                 ("H800-SXM5-80GB", "H100-SXM5-80GB", 200)])
+def test_export_variants_differ_from_their_base_only_in_nvlink(variant, base, link):
+    # the A800/H800 are the A100/H100 with NVLink cut to 400 GB/s (both directions); every rate else is equal
+    a, b = get_device(variant), get_device(base)
+    assert a["intra_node_bandwidth_GBps"] == link
+    assert {k: v for k, v in a.items() if k not in ("name", "intra_node_bandwidth_GBps", "sources")} == \
+        {k: v for k, v in b.items() if k not in ("name", "intra_node_bandwidth_GBps", "sources")}
 
 
 @pytest.mark.parametrize("alias, key", [
