@@ -442,7 +442,7 @@ def states_lower_bound_GiB(spec: Any) -> float:
     holds at least the average, so a run above this bound cannot fit and is rejected without
     compiling it (the exact check decides every other run).
     """
-    from ..graph.execution import optimizer_bytes_per_param, state_bytes_per_param  # the bytes peak_memory uses
+    from ..graph.execution import sharded_state_bytes  # the bytes peak_memory uses
 
     m, s = spec.model, spec.strategy
     mlp = m.mlp_matrices * m.hidden_size * m.ffn_hidden_size
@@ -452,15 +452,7 @@ def states_lower_bound_GiB(spec: Any) -> float:
     dense_params = ((m.num_layers - moe_layers) * dense + moe_layers * (dense - mlp + router)
                     + m.embedding_params()) / s.tp / s.pp
     expert_params = moe_layers * (m.num_experts // s.ep) * mlp / s.tp / s.pp
-    zero = s.effective_zero_stage
-    pbytes, gbytes = state_bytes_per_param(s)
-    opt = optimizer_bytes_per_param(s)
-    total = 0.0
-    for nbytes, stage in ((pbytes, 3), (gbytes, 2), (opt, 1)):
-        # experts are sharded over their own expert-data-parallel group, dp·cp/ep
-        total += nbytes * (dense_params / (s.shard_size if zero >= stage else 1)
-                           + expert_params / (s.expert_shard_size if zero >= stage else 1))
-    return total / 2**30
+    return sum(sharded_state_bytes(s, dense_params, expert_params)) / 2**30
 
 
 def draw(seed: int, index: int, keep_oom: bool = False, skip: int = 0) -> Sample:

@@ -231,6 +231,23 @@ def optimizer_bytes_per_param(s) -> int:
     return master + (8 if s.optimizer == "adam" else 0)
 
 
+def sharded_state_bytes(s, dense_params: float, expert_params: float) -> tuple[float, float, float]:
+    """Bytes of the weights, gradients and optimizer states of ``dense_params`` + ``expert_params`` on one
+    rank after ZeRO sharding (ZeRO-1: optimizer states; 2: also gradients; 3 and FSDP: also weights). Dense
+    parameters are sharded over ``s.shard_size`` ranks (dp·cp, or one hybrid copy's), expert parameters over
+    their expert-data-parallel group, ``s.expert_shard_size`` (each expert lives on one of ep ranks), as
+    Megatron-Core's distributed optimizer shards them."""
+    zero = s.effective_zero_stage
+    pbytes, gbytes = state_bytes_per_param(s)
+
+    def one(bytes_per_param: float, stage: int) -> float:
+        if zero < stage:
+            return (dense_params + expert_params) * bytes_per_param
+        return (dense_params / s.shard_size + expert_params / s.expert_shard_size) * bytes_per_param
+
+    return one(pbytes, 3), one(gbytes, 2), one(optimizer_bytes_per_param(s), 1)
+
+
 def chunk_layout(run: RunSpec) -> list[ChunkLayout]:
     """Every virtual stage's layers and parameters, in virtual-stage order (``pp·v`` entries).
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..graph.execution import (ExecutionGraph, StageLoad, chunk_layout, optimizer_bytes_per_param, stage_loads,
+from ..graph.execution import (ExecutionGraph, StageLoad, chunk_layout, sharded_state_bytes, stage_loads,
                                state_bytes_per_param)
 from ..units import GiB
 
@@ -153,31 +153,20 @@ def peak_memory_of(run, loads: list[StageLoad] | None = None) -> MemoryBreakdown
 def _peak(run, loads: list[StageLoad], in_flight: list[int]) -> MemoryBreakdown:
     """The most loaded stage, given each stage's load and forward units in flight."""
     m, s = run.model, run.strategy
-    # ZeRO shards over the whole data-parallel group (dp·cp in Megatron), or over one of its dp_replicate
-    # copies under hybrid sharding; expert parameters over their expert-data-parallel group, dp·cp/ep (each
-    # expert lives on one of ep ranks), as Megatron-Core's distributed optimizer and the optimizer step of
-    # the execution graph shard them
-    dp, edp = s.shard_size, s.expert_shard_size
     zero = s.effective_zero_stage
-    pbytes, gbytes = state_bytes_per_param(s)
-    opt_per_param = optimizer_bytes_per_param(s)
+    pbytes = state_bytes_per_param(s)[0]
     per_layer = layer_activation_bytes(run)
     # autocast: each GEMM saves its low-precision weight copy for backward (not kept under full recompute)
     cast_copy = 2.0 if s.autocast and s.recompute != "full" else 0.0
     T = s.micro_batch_size * m.seq_length // s.cp
     if s.forward_only:
-        # nothing is saved for a backward: one layer of one micro-batch is alive at a time (and state_bytes_per_param
-        # gives no gradient bytes)
+        # nothing is saved for a backward: one layer of one micro-batch is alive at a time (and no gradients:
+        # state_bytes_per_param gives them no bytes)
         in_flight = [1] * len(loads)
 
-    def sharded(ld: StageLoad, bytes_per_param: float, stage: int) -> float:
-        # bytes of one kind of state (weights: ZeRO-3, gradients: 2, optimizer: 1) after ZeRO sharding
-        if zero < stage:
-            return (ld.dense_params + ld.expert_params) * bytes_per_param
-        return (ld.dense_params / dp + ld.expert_params / edp) * bytes_per_param
-
     def states(ld: StageLoad) -> tuple[float, float, float]:
-        return sharded(ld, pbytes, 3), sharded(ld, gbytes, 2), sharded(ld, opt_per_param, 1)
+        # weights, gradients and optimizer states after ZeRO sharding (experts over their own group)
+        return sharded_state_bytes(s, ld.dense_params, ld.expert_params)
 
     # fp32 logits and their gradient of one micro-batch, last stage (no gradient in a forward-only step)
     logits = (1 if s.forward_only else 2) * 4.0 * T * m.vocab_size / s.tp
