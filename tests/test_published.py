@@ -225,6 +225,10 @@ def test_numbers_may_carry_thousands_separators_and_a_percent_sign(tmp_path):
     ("sp", "yes (with TP)", True),
     ("vpp_or_schedule", "interleaved, 4 chunks", {"pipeline_schedule": "interleaved", "virtual_pipeline_stages": 4}),
     ("vpp_or_schedule", "GPipe", {"pipeline_schedule": "gpipe"}),
+    ("vpp_or_schedule", "VP=4", {"pipeline_schedule": "interleaved", "virtual_pipeline_stages": 4}),
+    ("vpp_or_schedule", "v=3", {"pipeline_schedule": "interleaved", "virtual_pipeline_stages": 3}),
+    ("zero_or_fsdp", "DP", {}),
+    ("zero_or_fsdp", "plain data parallelism", {}),
 ])
 def test_the_words_of_a_table_map_to_the_run_format(column, text, expected):
     from learnedperf.measure import published as P
@@ -416,3 +420,13 @@ def test_a_row_runs_on_the_cluster_its_text_names(tmp_path, gpu_type, interconne
     hw = m.run["hardware"]
     assert hw["cluster"] == cluster
     assert hw.get("inter_node_bandwidth_GBps") == inter_GBps
+
+
+@pytest.mark.parametrize("text", ["ZeRO-Offload", "ZeRO-3 Offload", "ZeRO-Infinity (NVMe)", "FSDP + CPU offload"])
+def test_offloaded_states_are_skipped_not_read_as_on_device_sharding(tmp_path, text):
+    # the optimizer step on the host and the PCIe traffic of offloading are not simulated: read as ZeRO-3 or
+    # FSDP on the device, the row would be predicted far too fast, so it is skipped with that reason
+    got = load_published(_hybrid_table(tmp_path, {"num_gpus": "16", "zero_or_fsdp": text}))
+    assert not got.runs
+    ((_, reason),) = got.skipped
+    assert reason.startswith(f"zero_or_fsdp {text!r}: offloading to host memory or NVMe")

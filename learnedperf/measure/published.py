@@ -352,6 +352,10 @@ def _precision(row: dict) -> str:
 # and quantized gathers and gradient reduction (qwZ, qgZ). Its states stay sharded over all ranks, so it is
 # not hybrid sharding, and its traffic is not ZeRO-3's: the run format cannot express it.
 _ZERO_PP = re.compile(r"zero\s*\+\+|zeropp|hpz|qwz|qgz")
+# states, parameters or activations moved to host memory or NVMe: ZeRO-Offload/Infinity, FSDP's CPUOffload
+_OFFLOAD = re.compile(r"offload|infinity|nvme")
+# plain data parallelism in other words than DDP
+_PLAIN_DP = re.compile(r"(?:plain |pure )?(?:dp|data[ -]parallel(?:ism)?)")
 # hybrid sharding: FSDP's HYBRID_SHARD (and _HYBRID_SHARD_ZERO2), "HSDP", DeepSpeed's MiCS, "ZeRO-3 hybrid"
 _HYBRID = re.compile(r"hsdp|hybrid|\bmics(?:\b|_)")
 # words that name PyTorch FSDP rather than a ZeRO implementation
@@ -394,8 +398,12 @@ def _sharding(row: dict, tp: int = 1, cp: int = 1, dp: int = 1, per_node: int = 
     devices of one node, place the data-parallel ranks; the filled-in value goes to ``assumed``)."""
     raw = _cell(row, "zero_or_fsdp")
     text = raw.lower()
-    if text.split(" ")[0] in _FALSE or text.startswith(("ddp", "none")):
+    if text.split(" ")[0] in _FALSE or text.startswith(("ddp", "none")) or _PLAIN_DP.fullmatch(text):
         return {}
+    if _OFFLOAD.search(text):
+        raise _Skip(f"zero_or_fsdp {raw!r}: offloading to host memory or NVMe (ZeRO-Offload/Infinity, FSDP "
+                    "CPUOffload) is not in the run format; its host optimizer step and PCIe transfers are not "
+                    "simulated, and reading the row as on-device sharding would predict it far too fast")
     if _ZERO_PP.search(text):
         raise _Skip(f"zero_or_fsdp {raw!r}: ZeRO++ (hpZ's secondary parameter partition within a node, "
                     "qwZ/qgZ quantized communication) is not in the run format; it is not hybrid sharding, "
@@ -488,8 +496,8 @@ def _schedule(row: dict, pp: int, assumed: list) -> dict:
         v = int(text)
         return {"pipeline_schedule": "interleaved", "virtual_pipeline_stages": v} if v > 1 else \
             {"pipeline_schedule": "1f1b"}
-    if "interleav" in text or "vpp" in text or "virtual" in text:
-        m = re.search(r"(?:v|vpp|chunks?|virtual[\w ]*?)\s*[=:]?\s*(\d+)|(\d+)\s*(?:chunks|virtual)", text)
+    if "interleav" in text or re.search(r"\bv(?:pp?)?\b", text) or "virtual" in text:
+        m = re.search(r"(?:vpp|vp|v|chunks?|virtual[\w ]*?)\s*[=:]?\s*(\d+)|(\d+)\s*(?:chunks|virtual)", text)
         if m:
             v = int(m.group(1) or m.group(2))
             if v > 1:
