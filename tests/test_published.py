@@ -430,3 +430,24 @@ def test_offloaded_states_are_skipped_not_read_as_on_device_sharding(tmp_path, t
     assert not got.runs
     ((_, reason),) = got.skipped
     assert reason.startswith(f"zero_or_fsdp {text!r}: offloading to host memory or NVMe")
+
+
+@pytest.mark.parametrize("name, vocab, tokenizer", [
+    ("Llama 3.2 3B", 128256, "Llama 3"),     # Llama 3's 128K tokenizer, not Llama 1/2's 32,000
+    ("Gemma 2B", 256000, "Gemma"),
+    ("Llama 2 7B (our run)", 32000, "llama family"),
+])
+def test_a_blank_vocabulary_is_the_named_familys_tokenizer(tmp_path, name, vocab, tokenizer):
+    got = load_published(_hybrid_table(tmp_path, {"num_gpus": "8", "model": name, "vocab_size": ""}))
+    (m,) = got.runs
+    assert m.run["model"]["vocab_size"] == vocab
+    assert f"vocab_size {vocab} ({tokenizer}'s tokenizer)" in m.run["meta"]["assumed"]
+
+
+@pytest.mark.parametrize("name", ["T5-11B", "Flan-T5 XXL", "mT5-XXL", "BART-large", "UL2 20B"])
+def test_encoder_decoder_models_are_skipped(tmp_path, name):
+    # one stack of layers cannot hold an encoder and a decoder whose split the table does not give
+    got = load_published(_hybrid_table(tmp_path, {"num_gpus": "8", "model": name}))
+    assert not got.runs
+    ((_, reason),) = got.skipped
+    assert "is an encoder-decoder" in reason

@@ -68,6 +68,12 @@ _ARCH_WORDS = (
 # Vocabulary of a family when a row and the catalog give none (the family's reference tokenizer):
 # GPT-2 BPE padded to a multiple of 128 as Megatron pads it (51200), Llama 1/2 (32000), BERT (30522).
 _FAMILY_VOCAB = {"gpt": 51200, "llama": 32000, "moe": 32000, "bert": 30522}
+# Later tokenizers of a family, by name, before the family's default: Llama 3's 128,256 (Llama Team 2024,
+# arXiv 2407.21783: 128K tokens; the config.json of every Llama 3.x), Gemma's 256,000 (Gemma Team 2024,
+# arXiv 2403.08295, §2)
+_NAMED_VOCAB = ((re.compile(r"llama[\s_-]*3"), 128256, "Llama 3"), (re.compile(r"gemma"), 256000, "Gemma"))
+# encoder-decoder models: ModelSpec has one stack, and a table's num_layers does not say how they split
+_ENCODER_DECODER = re.compile(r"\b(?:m|flan-|byt)?t5\b|\bbart\b|\bul2\b|\bpegasus\b|encoder[\s-]decoder|\bnllb\b")
 
 _TRUE = {"yes", "y", "true", "1", "on", "sp"}
 _FALSE = {"", "no", "n", "false", "0", "off", "none", "-", "n/a", "na"}
@@ -170,6 +176,9 @@ def _model(row: dict, assumed: list, warnings: list) -> dict:
         model.update({k: v for k, v in columns.items() if v is not None})
         model["name"] = name
         return model
+    if _ENCODER_DECODER.search(name.lower()):
+        raise _Skip(f"model {name!r} is an encoder-decoder: the run format describes one stack of layers, and "
+                    "the table does not say how its layers split between encoder and decoder")
     arch = _arch_of(name)
     if arch is None:
         arch = "gpt"
@@ -179,8 +188,9 @@ def _model(row: dict, assumed: list, warnings: list) -> dict:
                     "expert count (give the catalog name)")
     model = {"arch": arch, "name": name or "published", **{k: v for k, v in columns.items() if v is not None}}
     if columns["vocab_size"] is None:
-        model["vocab_size"] = _FAMILY_VOCAB[arch]
-        assumed.append(f"vocab_size {model['vocab_size']} ({arch} family's tokenizer)")
+        named = next(((v, who) for pattern, v, who in _NAMED_VOCAB if pattern.search(name.lower())), None)
+        model["vocab_size"], tokenizer = named or (_FAMILY_VOCAB[arch], f"{arch} family")
+        assumed.append(f"vocab_size {model['vocab_size']} ({tokenizer}'s tokenizer)")
     return model
 
 
