@@ -28,8 +28,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ..graph.execution import (chunk_layout, fsdp_copy_ops, group_placement, recompute_ops, sharding_groups,
-                               stage_loads, state_bytes_per_param)
+from ..graph.execution import (chunk_layout, fsdp_copy_ops, group_placement, recompute_ops, sharded_params,
+                               sharding_groups, stage_loads, state_bytes_per_param)
 from ..graph.ops import comm
 from ..graph.transformer import (backward_of, embedding_backward, embedding_forward, head_forward, layer_forward,
                                  operator_graph, optimizer_ops, shard_for)
@@ -372,7 +372,7 @@ def analytic_time(run: Any, ctx: RunContext, loads: Optional[list] = None) -> An
                             + max(0.0, rs_mb + replica_s / mb - compute / mb * 2.0 / 3.0))
     else:
         exposed = max(0.0, dp_s - (compute * 2.0 / 3.0 / mb if s.overlap_grad_reduce else 0.0))
-    local = (dense_p / s.shard_size + expert_p / s.expert_shard_size) if zero >= 1 else dense_p + expert_p
+    local = sharded_params(s, dense_p, expert_p, 1)  # the optimizer step runs on this rank's shard
     opt = sum(ctx.cost.compute_time_s(op) for op in optimizer_ops(local, s.optimizer, s.weight_precision))
     bubble = (pp - 1) / (v * mb) if pp > 1 else 0.0
     return AnalyticTime(compute, layer_comm, flops / peak, memory_bound, pp_s, dp_s, opt, bubble, exposed)

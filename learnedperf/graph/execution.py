@@ -231,21 +231,23 @@ def optimizer_bytes_per_param(s) -> int:
     return master + (8 if s.optimizer == "adam" else 0)
 
 
-def sharded_state_bytes(s, dense_params: float, expert_params: float) -> tuple[float, float, float]:
-    """Bytes of the weights, gradients and optimizer states of ``dense_params`` + ``expert_params`` on one
-    rank after ZeRO sharding (ZeRO-1: optimizer states; 2: also gradients; 3 and FSDP: also weights). Dense
+def sharded_params(s, dense_params: float, expert_params: float, stage: int) -> float:
+    """Parameters of ``dense_params`` + ``expert_params`` whose state one rank holds, for a state that ZeRO
+    shards from ``stage`` on (optimizer states: 1, gradients: 2, weights: 3; FSDP counts as 3). Dense
     parameters are sharded over ``s.shard_size`` ranks (dp·cp, or one hybrid copy's), expert parameters over
     their expert-data-parallel group, ``s.expert_shard_size`` (each expert lives on one of ep ranks), as
     Megatron-Core's distributed optimizer shards them."""
-    zero = s.effective_zero_stage
+    if s.effective_zero_stage < stage:
+        return dense_params + expert_params
+    return dense_params / s.shard_size + expert_params / s.expert_shard_size
+
+
+def sharded_state_bytes(s, dense_params: float, expert_params: float) -> tuple[float, float, float]:
+    """Bytes of the weights, gradients and optimizer states of ``dense_params`` + ``expert_params`` on one
+    rank after ZeRO sharding (:func:`sharded_params`)."""
     pbytes, gbytes = state_bytes_per_param(s)
-
-    def one(bytes_per_param: float, stage: int) -> float:
-        if zero < stage:
-            return (dense_params + expert_params) * bytes_per_param
-        return (dense_params / s.shard_size + expert_params / s.expert_shard_size) * bytes_per_param
-
-    return one(pbytes, 3), one(gbytes, 2), one(optimizer_bytes_per_param(s), 1)
+    return tuple(sharded_params(s, dense_params, expert_params, stage) * nbytes
+                 for nbytes, stage in ((pbytes, 3), (gbytes, 2), (optimizer_bytes_per_param(s), 1)))
 
 
 def chunk_layout(run: RunSpec) -> list[ChunkLayout]:
@@ -337,7 +339,6 @@ def compile_run(run: RunSpec, num_microbatches: int | None = None) -> ExecutionG
     pp_group = group_placement(pp, tp * cp * dp, dpn)
     sh: Shard = shard_for(run, tp_group, cp_group, ep_group)
 
-    zero = s.effective_zero_stage
     pbytes, gbytes = state_bytes_per_param(s)
     dense_layer_fwd = layer_forward(model, sh, False)
     moe_layer_fwd = layer_forward(model, sh, True, "moe_layer") if model.is_moe else []
@@ -385,11 +386,8 @@ def compile_run(run: RunSpec, num_microbatches: int | None = None) -> ExecutionG
             sched = schedule_interleaved(pp, v, m, st)
         else:
             sched = schedule_1f1b(pp, m, st)
-        params = sum(c.params for c in chunks)
-        # ZeRO shards the optimizer step over one copy of the states: dp·cp/dp_replicate ranks for dense
-        # parameters, dp·cp/(ep·dp_replicate) for expert parameters
-        dense = sum(c.dense_params for c in chunks)
-        local = (dense / s.shard_size + (params - dense) / s.expert_shard_size) if zero >= 1 else params
+        # ZeRO shards the optimizer step as it shards the optimizer states
+        local = sharded_params(s, sum(c.dense_params for c in chunks), sum(c.expert_params for c in chunks), 1)
         stages.append(Stage(st, chunks, sched, optimizer_ops(local, s.optimizer, s.weight_precision)))
 
     h, V = model.hidden_size, model.vocab_size
