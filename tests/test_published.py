@@ -229,13 +229,16 @@ def test_numbers_may_carry_thousands_separators_and_a_percent_sign(tmp_path):
     ("vpp_or_schedule", "v=3", {"pipeline_schedule": "interleaved", "virtual_pipeline_stages": 3}),
     ("zero_or_fsdp", "DP", {}),
     ("zero_or_fsdp", "plain data parallelism", {}),
+    ("vpp_or_schedule", "non-interleaved", {"pipeline_schedule": "1f1b"}),
+    ("vpp_or_schedule", "interleaved (2 model chunks)",
+     {"pipeline_schedule": "interleaved", "virtual_pipeline_stages": 2}),
 ])
 def test_the_words_of_a_table_map_to_the_run_format(column, text, expected):
     from learnedperf.measure import published as P
 
     row = {column: text}
     read = {"activation_recompute": lambda: P._recompute(row, []), "zero_or_fsdp": lambda: P._sharding(row),
-            "precision": lambda: P._precision(row), "sp": lambda: P._flag(row, "sp"),
+            "precision": lambda: P._precision(row, []), "sp": lambda: P._flag(row, "sp"),
             "vpp_or_schedule": lambda: P._schedule(row, 4, [])}[column]
     assert read() == expected
 
@@ -382,6 +385,9 @@ def test_zero_plus_plus_is_not_hybrid_sharding(tmp_path, text):
     ("MI250X OAM", "MI250X", False),
     ("AMD Instinct MI250X (128GB)", "MI250X", False),
     ("MI300X 192GB", "MI300X", False),
+    ("A100-80G", "A100-SXM4-80GB", True),      # "80G": a memory size without the B
+    ("A100 80G SXM", "A100-SXM4-80GB", False),
+    ("Nvidia Tesla A100", "A100-SXM4-80GB", False),  # vendor and brand words before the alias 'A100'
 ])
 def test_a_gpu_type_names_the_part_it_states(gpu_type, device, assumed):
     from learnedperf.measure.published import _device_name
@@ -395,6 +401,7 @@ def test_a_gpu_type_names_the_part_it_states(gpu_type, device, assumed):
     ("H100 96GB", "states 96 GB, which no catalog H100 has"),
     ("A100 SXM2", "states sxm2, a form no catalog A100 has"),
     ("A10G", "'A10G' is not a catalog device"),
+    ("H100 NVL", "states nvl, a form no catalog H100 has"),  # the 94 GB NVL board, not the SXM part
 ])
 def test_a_stated_part_the_catalog_lacks_is_skipped_not_replaced(gpu_type, reason):
     from learnedperf.measure.published import _device_name, _Skip
@@ -412,6 +419,9 @@ def test_a_stated_part_the_catalog_lacks_is_skipped_not_replaced(gpu_type, reaso
     ("AMD Instinct MI250X", "Frontier, 4x 200Gb/s Slingshot per node", "frontier", None),
     # a stated NIC rate that differs from the catalog's overrides it: 8 x 200 Gb/s / 8 GPUs = 25 GB/s
     ("A100 SXM4 40GB", "AWS p4d.24xlarge, 8x 200Gb/s", "aws-p4d", 25.0),
+    # rates written without "b/s": 4 x 200 Gb/s / 8 GPUs = 12.5 GB/s; 8 x 100 Gb/s Ethernet / 8 = 12.5 GB/s
+    ("A100 SXM4 40GB", "4x200G RoCE", "dgx-a100-40gb", 12.5),
+    ("H100 SXM5 80GB", "8x 100GbE", "dgx-h100", 12.5),
 ])
 def test_a_row_runs_on_the_cluster_its_text_names(tmp_path, gpu_type, interconnect, cluster, inter_GBps):
     path = _hybrid_table(tmp_path, {"num_gpus": "64", "gpu_type": gpu_type, "interconnect": interconnect,
@@ -451,3 +461,69 @@ def test_encoder_decoder_models_are_skipped(tmp_path, name):
     assert not got.runs
     ((_, reason),) = got.skipped
     assert "is an encoder-decoder" in reason
+
+
+@pytest.mark.parametrize("text, fsdp, zero_stage", [
+    # PyTorch FSDP's ShardingStrategy names, as LLM Foundry's tables print them: FULL_SHARD shards parameters,
+    # gradients and optimizer states (ZeRO-3), SHARD_GRAD_OP keeps parameters gathered between forward and
+    # backward (ZeRO-2), NO_SHARD holds everything on every rank (DDP)
+    ("FULL_SHARD", True, 3),
+    ("ShardingStrategy.FULL_SHARD", True, 3),
+    ("full shard", True, 3),
+    ("SHARD_GRAD_OP", True, 2),
+    ("NO_SHARD", False, 0),
+])
+def test_fsdp_sharding_strategy_names_are_read(tmp_path, text, fsdp, zero_stage):
+    got = load_published(_hybrid_table(tmp_path, {"num_gpus": "16", "zero_or_fsdp": text}))
+    assert not got.skipped, got.skipped
+    (m,) = got.runs
+    s = RunSpec.from_dict(m.run).strategy
+    assert (s.fsdp, s.effective_zero_stage, s.dp_replicate) == (fsdp, zero_stage, 1)
+
+
+@pytest.mark.parametrize("text, precision, assumed", [
+    ("amp_bf16", "bf16", False),  # LLM Foundry's names
+    ("amp_fp8", "fp8", False),
+    ("AMP", "fp16", True),        # torch.autocast on CUDA and Apex AMP cast to float16 by default
+    ("mixed precision", "fp16", True),
+    ("Apex O2", "fp16", True),
+])
+def test_mixed_precision_without_a_type_is_fp16_and_says_so(tmp_path, text, precision, assumed):
+    got = load_published(_hybrid_table(tmp_path, {"num_gpus": "8", "precision": text}))
+    (m,) = got.runs
+    assert m.run["strategy"]["precision"] == precision
+    note = f"precision fp16 for {text!r} (AMP's default half type)"
+    assert (note in m.run["meta"]["assumed"]) is assumed
+
+
+def test_a_precision_naming_no_type_is_skipped(tmp_path):
+    got = load_published(_hybrid_table(tmp_path, {"num_gpus": "8", "precision": "low"}))
+    assert not got.runs
+    ((_, reason),) = got.skipped
+    assert reason.startswith("field 'precision': 'low' names no precision")
+
+
+@pytest.mark.parametrize("name", ["Mamba2-Hybrid 8B", "Jamba 1.5 Large", "Nemotron-H 56B", "RecurrentGemma 9B"])
+def test_state_space_and_recurrent_models_are_skipped(tmp_path, name):
+    got = load_published(_hybrid_table(tmp_path, {"num_gpus": "8", "model": name}))
+    assert not got.runs
+    ((_, reason),) = got.skipped
+    assert "has state-space or recurrent layers" in reason
+
+
+@pytest.mark.parametrize("name", ["MPT-7B", "mpt-70b", "Nemotron-4 15B"])
+def test_gpt_style_families_are_named_not_assumed(tmp_path, name):
+    # MPT (LayerNorm, GELU 4h MLP) and Nemotron-4 (LayerNorm, squared-ReLU 4h MLP) have ungated GPT-style blocks
+    got = load_published(_hybrid_table(tmp_path, {"num_gpus": "8", "model": name}))
+    (m,) = got.runs
+    assert m.run["model"]["arch"] == "gpt"
+    assert not any(a.startswith("arch ") for a in m.run["meta"]["assumed"])
+
+
+@pytest.mark.parametrize("text", ["ZB-H1", "ZB-V", "zero bubble", "DualPipe"])
+def test_zero_bubble_schedules_are_skipped_not_read_as_interleaved(tmp_path, text):
+    # they split the backward into input and weight gradients; "ZB-V" was read as an interleaved 1F1B before
+    got = load_published(_hybrid_table(tmp_path, {"num_gpus": "16", "pp": "4", "vpp_or_schedule": text}))
+    assert not got.runs
+    ((_, reason),) = got.skipped
+    assert "zero-bubble schedules" in reason

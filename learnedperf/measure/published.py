@@ -56,14 +56,15 @@ TARGET_SOURCES = ("iteration_time_s", "tokens_per_sec_total", "tokens_per_sec_pe
                   "tflops_per_gpu", "aggregate_pflops", "mfu_pct", "hfu_pct")
 
 # Model-name keywords → run-format arch (checked in this order; the first hit wins). Families whose
-# blocks are Llama's (RMSNorm, SwiGLU, RoPE, no tied head) are "llama"; GPT-2/3-style blocks are "gpt".
+# blocks are Llama's (RMSNorm, SwiGLU, RoPE, no tied head) are "llama"; GPT-2/3-style blocks (LayerNorm, an
+# ungated 4h MLP: MPT's GELU, Nemotron-4's squared ReLU) are "gpt".
 _ARCH_WORDS = (
     ("moe", ("mixtral", "moe", "switch", "glam", "expert", "deepseek-v2", "deepseek-v3", "deepseek v2",
              "deepseek v3", "dbrx", "grok", "arctic")),
     ("bert", ("bert", "roberta", "electra")),
     ("llama", ("llama", "mistral", "qwen", "yi-", "internlm", "baichuan", "deepseek", "olmo", "gemma")),
     ("gpt", ("gpt", "megatron", "bloom", "opt-", "opt ", "nlg", "turing", "gopher", "chinchilla", "palm",
-             "falcon", "pythia", "neox", "jurassic", "codegen", "starcoder")),
+             "falcon", "pythia", "neox", "jurassic", "codegen", "starcoder", "mpt-", "mpt ", "nemotron")),
 )
 # Vocabulary of a family when a row and the catalog give none (the family's reference tokenizer):
 # GPT-2 BPE padded to a multiple of 128 as Megatron pads it (51200), Llama 1/2 (32000), BERT (30522).
@@ -74,13 +75,16 @@ _FAMILY_VOCAB = {"gpt": 51200, "llama": 32000, "moe": 32000, "bert": 30522}
 _NAMED_VOCAB = ((re.compile(r"llama[\s_-]*3"), 128256, "Llama 3"), (re.compile(r"gemma"), 256000, "Gemma"))
 # encoder-decoder models: ModelSpec has one stack, and a table's num_layers does not say how they split
 _ENCODER_DECODER = re.compile(r"\b(?:m|flan-|byt)?t5\b|\bbart\b|\bul2\b|\bpegasus\b|encoder[\s-]decoder|\bnllb\b")
+# state-space and recurrent models, alone or mixed with attention (Mamba, Jamba, Nemotron-H, Zamba, RWKV,
+# Griffin): their layers are not transformer blocks, and the run format has no other kind
+_NOT_TRANSFORMER = re.compile(r"mamba|jamba|nemotron[\s-]*h\b|zamba|rwkv|griffin|recurrentgemma|hyena|\bssm\b")
 
 _TRUE = {"yes", "y", "true", "1", "on", "sp"}
 _FALSE = {"", "no", "n", "false", "0", "off", "none", "-", "n/a", "na"}
 
-# "8x 200Gb/s", "8 × 400 Gbps", "4x HDR 200 Gb/s": compute-fabric NICs per node and their rate
-# (case-sensitive: "GB/s" is bytes, an NVLink figure, not a NIC rate)
-_NICS = re.compile(r"(\d+)\s*[xX×]\s*(?:[A-Za-z-]+\s+)?(\d+(?:\.\d+)?)\s*G(?:b|bit)(?:/s|ps)")
+# "8x 200Gb/s", "8 × 400 Gbps", "4x HDR 200 Gb/s", "8x400G RoCE", "8x 200GbE": compute-fabric NICs per node
+# and their rate (case-sensitive: "GB/s" is bytes, an NVLink figure, not a NIC rate)
+_NICS = re.compile(r"(\d+)\s*[xX×]\s*(?:[A-Za-z-]+\s+)?(\d+(?:\.\d+)?)\s*G(?:b|bit)?(?:/s|ps|E)?\b")
 
 
 @dataclass(frozen=True)
@@ -179,6 +183,9 @@ def _model(row: dict, assumed: list, warnings: list) -> dict:
     if _ENCODER_DECODER.search(name.lower()):
         raise _Skip(f"model {name!r} is an encoder-decoder: the run format describes one stack of layers, and "
                     "the table does not say how its layers split between encoder and decoder")
+    if _NOT_TRANSFORMER.search(name.lower()):
+        raise _Skip(f"model {name!r} has state-space or recurrent layers: the run format describes transformer "
+                    "blocks only")
     arch = _arch_of(name)
     if arch is None:
         arch = "gpt"
@@ -199,9 +206,10 @@ def _tokens(text: str) -> list[str]:
     return [t for t in re.split(r"[^a-z0-9.]+", text.lower()) if t]
 
 
-# the form factor a name states ("sxm" agrees with "sxm4"), and a stated memory size ("80GB", "80 GB")
-_FORM = re.compile(r"^(sxm\d*|pcie)$")
-_MEMORY = re.compile(r"(\d+)\s*gb\b")
+# the form factor a name states ("sxm" agrees with "sxm4"; "nvl" is the H100 NVL board, not the SXM part), and a
+# stated memory size ("80GB", "80 GB", "80G", "80 GiB")
+_FORM = re.compile(r"^(sxm\d*|pcie|nvl)$")
+_MEMORY = re.compile(r"(\d+)\s*g(?:i?b)?\b")
 # words that say a row counts whole packages of a multi-die accelerator, not its dies
 _PACKAGE = re.compile(r"\b(package|oam|module)\b")
 
@@ -237,7 +245,7 @@ def _device_name(gpu_type: str, assumed: list) -> str:
 
     if not gpu_type:
         raise _Skip("field 'gpu_type' is missing")
-    stripped = re.sub(r"^(nvidia|amd instinct|amd|tesla|google)\s+", "", gpu_type.strip(), flags=re.I)
+    stripped = re.sub(r"^(?:(?:nvidia|amd instinct|amd|tesla|geforce|google)\s+)+", "", gpu_type.strip(), flags=re.I)
     text = stripped.lower()
     for form in (gpu_type, stripped, stripped.replace(" ", "-")):
         try:
@@ -349,12 +357,20 @@ def _recompute(row: dict, assumed: list) -> str:
     raise _Skip(f"field 'activation_recompute': {_cell(row, 'activation_recompute')!r} is not full/selective/none")
 
 
-def _precision(row: dict) -> str:
+# mixed precision named without its half type: "AMP", "mixed precision", Apex's opt levels O1/O2
+_UNTYPED_MIXED = re.compile(r"\bamp\b|\bmixed\b|\bo[12]\b")
+
+
+def _precision(row: dict, assumed: list) -> str:
     text = _cell(row, "precision").lower()
     for word, p in (("fp8", "fp8"), ("bf16", "bf16"), ("bfloat16", "bf16"), ("fp16", "fp16"), ("float16", "fp16"),
                     ("half", "fp16"), ("tf32", "tf32"), ("fp32", "fp32"), ("float32", "fp32")):
         if word in text:
             return p
+    if _UNTYPED_MIXED.search(text):
+        # torch.autocast on CUDA and Apex AMP cast to float16 unless told otherwise; a bf16 run says bf16
+        assumed.append(f"precision fp16 for {_cell(row, 'precision')!r} (AMP's default half type)")
+        return "fp16"
     raise _Skip(f"field 'precision': {_cell(row, 'precision')!r} names no precision (fp8/bf16/fp16/tf32/fp32)")
 
 
@@ -368,8 +384,11 @@ _OFFLOAD = re.compile(r"offload|infinity|nvme")
 _PLAIN_DP = re.compile(r"(?:plain |pure )?(?:dp|data[ -]parallel(?:ism)?)")
 # hybrid sharding: FSDP's HYBRID_SHARD (and _HYBRID_SHARD_ZERO2), "HSDP", DeepSpeed's MiCS, "ZeRO-3 hybrid"
 _HYBRID = re.compile(r"hsdp|hybrid|\bmics(?:\b|_)")
-# words that name PyTorch FSDP rather than a ZeRO implementation
-_FSDP_WORDS = re.compile(r"fsdp|hybrid[\s_-]*shard|shard_grad_op|full_shard")
+# words that name PyTorch FSDP rather than a ZeRO implementation: FSDP itself and its ShardingStrategy names
+# (FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD), which tables such as LLM Foundry's print alone
+_FSDP_WORDS = re.compile(r"fsdp|hybrid[\s_-]*shard|shard[\s_-]*grad[\s_-]*op|full[\s_-]*shard")
+# FSDP's NO_SHARD: every rank holds all states and all-reduces gradients, DDP's traffic and memory
+_NO_SHARD = re.compile(r"\bno[\s_-]*shard\b")
 # a stated shard group, in ranks that share one copy of the states (dp·cp / dp_replicate): "shard 8",
 # "shard size 8", "shard group of 64", "mics_shard_size=8", "8-way shard", "8 GPUs per shard" (not "sharded
 # over 2 nodes": a count of nodes is not one of ranks)
@@ -396,7 +415,7 @@ def _first_number(pattern: re.Pattern, text: str) -> Optional[int]:
 
 def _fsdp_mode(text: str) -> dict:
     """FULL_SHARD, or SHARD_GRAD_OP (zero_stage 2) where the text names that mode."""
-    if "grad_op" in text or "zero-2" in text or "zero2" in text or "no reshard" in text:
+    if re.search(r"grad[\s_-]*op", text) or "zero-2" in text or "zero2" in text or "no reshard" in text:
         return {"fsdp": True, "zero_stage": 2}
     return {"fsdp": True}
 
@@ -408,7 +427,8 @@ def _sharding(row: dict, tp: int = 1, cp: int = 1, dp: int = 1, per_node: int = 
     devices of one node, place the data-parallel ranks; the filled-in value goes to ``assumed``)."""
     raw = _cell(row, "zero_or_fsdp")
     text = raw.lower()
-    if text.split(" ")[0] in _FALSE or text.startswith(("ddp", "none")) or _PLAIN_DP.fullmatch(text):
+    if text.split(" ")[0] in _FALSE or text.startswith(("ddp", "none")) or _PLAIN_DP.fullmatch(text) \
+            or _NO_SHARD.search(text):
         return {}
     if _OFFLOAD.search(text):
         raise _Skip(f"zero_or_fsdp {raw!r}: offloading to host memory or NVMe (ZeRO-Offload/Infinity, FSDP "
@@ -436,7 +456,7 @@ def _sharding(row: dict, tp: int = 1, cp: int = 1, dp: int = 1, per_node: int = 
             raise _Skip(f"zero_or_fsdp {raw!r}: hybrid sharding of unsharded states (ZeRO-0) is plain data "
                         "parallelism; say DDP or name the stage")
         return _hybrid(raw, base, tp, cp, dp, per_node, [] if assumed is None else assumed)
-    if "fsdp" in text:
+    if _FSDP_WORDS.search(text):
         return _fsdp_mode(text)
     if stage and stage.group(1) in "0123":
         return {"zero_stage": int(stage.group(1))} if stage.group(1) != "0" else {}
@@ -498,6 +518,10 @@ def _hybrid(raw: str, base: dict, tp: int, cp: int, dp: int, per_node: int, assu
     return {**base, "dp_replicate": replicas} if replicas > 1 else base
 
 
+# zero-bubble pipeline schedules (Qi et al., ICLR 2024: ZB-H1, ZB-H2, ZB-V; DeepSeek-V3's DualPipe)
+_ZERO_BUBBLE = re.compile(r"zero[\s-]*bubble|\bzb[\s-]*(?:h[12]|v|vpp)\b|\bzbv\b|dual[\s-]*pipe")
+
+
 def _schedule(row: dict, pp: int, assumed: list) -> dict:
     text = _cell(row, "vpp_or_schedule").lower()
     if pp == 1:
@@ -506,8 +530,15 @@ def _schedule(row: dict, pp: int, assumed: list) -> dict:
         v = int(text)
         return {"pipeline_schedule": "interleaved", "virtual_pipeline_stages": v} if v > 1 else \
             {"pipeline_schedule": "1f1b"}
+    if _ZERO_BUBBLE.search(text):
+        raise _Skip(f"vpp_or_schedule {_cell(row, 'vpp_or_schedule')!r}: zero-bubble schedules (ZB-H1/H2, ZB-V, "
+                    "DualPipe) split the backward pass into input and weight gradients, which the run format's "
+                    "schedules (1F1B, interleaved, GPipe) do not")
+    if re.search(r"non[\s-]*interleav", text):
+        return {"pipeline_schedule": "1f1b"}
     if "interleav" in text or re.search(r"\bv(?:pp?)?\b", text) or "virtual" in text:
-        m = re.search(r"(?:vpp|vp|v|chunks?|virtual[\w ]*?)\s*[=:]?\s*(\d+)|(\d+)\s*(?:chunks|virtual)", text)
+        m = re.search(r"(?:vpp|vp|v|chunks?|virtual[\w ]*?)\s*[=:]?\s*(\d+)|(\d+)\s*(?:model\s+)?(?:chunks|virtual)",
+                      text)
         if m:
             v = int(m.group(1) or m.group(2))
             if v > 1:
@@ -544,7 +575,7 @@ def _strategy(row: dict, model: dict, num_gpus: int, per_node: int, assumed: lis
             mbs = 1
             assumed.append("micro_batch_size 1 (blank)")
     s: dict[str, Any] = {"tp": tp, "pp": pp, "dp": dp, "micro_batch_size": mbs, "global_batch_size": gbs,
-                         "recompute": _recompute(row, assumed), "precision": _precision(row)}
+                         "recompute": _recompute(row, assumed), "precision": _precision(row, assumed)}
     if cp > 1:
         s["cp"] = cp
     if ep > 1:
