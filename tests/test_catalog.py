@@ -24,10 +24,10 @@ REQUIRED_DEVICES = [
     "P4", "MI100", "MI210", "MI250X", "MI300X",
     # parts published runs name: export variants, 16 GB and DGX-2 V100s, workstation and consumer cards, dies
     "A800-SXM4-80GB", "H800-SXM5-80GB", "V100-SXM2-16GB", "V100-PCIE-16GB", "V100-SXM3-32GB", "P100-SXM2-16GB",
-    "A10", "A40", "L40", "RTX-A6000", "RTX-3090", "RTX-4090", "MI250X-GCD", "MI250-GCD", "MI325X",
+    "A10", "A40", "L40", "RTX-A6000", "RTX-3090", "RTX-4090", "MI250X-GCD", "MI250-GCD", "MI325X", "GH200-96GB",
 ]
 REQUIRED_CLUSTERS = ["dgx-v100", "dgx-a100", "dgx-a100-40gb", "selene", "dgx-h100", "dgx-h200", "dgx-b200",
-                     "gb200-nvl72", "hgx-mi300x", "dgx-2", "frontier", "perlmutter", "aws-p4d", "aws-p4de", "aws-p5"]
+                     "gb200-nvl72", "hgx-mi300x", "dgx-2", "frontier", "perlmutter", "aws-p4d", "aws-p4de", "aws-p5", "alps", "jupiter"]
 REQUIRED_MODELS = (
     [f"gpt3-{s}" for s in ("125m", "350m", "760m", "1.3b", "2.7b", "6.7b", "13b", "175b")]
     + [f"megatron-{s}" for s in ("1.7b", "3.6b", "7.5b", "18.4b", "39.1b", "76.1b", "145.6b", "310.1b", "529.6b", "1t")]
@@ -120,6 +120,15 @@ def test_export_variants_differ_from_their_base_only_in_nvlink(variant, base, li
         {k: v for k, v in b.items() if k not in ("name", "intra_node_bandwidth_GBps", "sources")}
 
 
+def test_the_gh200_gpu_is_an_h100_sxm_with_more_and_faster_memory():
+    # the GH200 data sheet prints the H100 SXM's peaks; its GPU differs in HBM (96 GB at 4 TB/s) and in having
+    # no per-GPU TDP or node size of its own
+    gh, h = get_device("GH200-96GB"), get_device("H100-SXM5-80GB")
+    differ = {"name", "sources", "aliases", "notes", "memory_GiB", "memory_bandwidth_GBps", "tdp_W", "devices_per_node"}
+    assert {k: v for k, v in gh.items() if k not in differ} == {k: v for k, v in h.items() if k not in differ}
+    assert (gh["memory_GiB"], gh["memory_bandwidth_GBps"]) == (96, 4000)
+
+
 @pytest.mark.parametrize("alias, key", [
     ("NVIDIA A100-SXM4-80GB", "A100-SXM4-80GB"),
     ("NVIDIA A100 80GB PCIe", "A100-PCIE-80GB"),
@@ -131,6 +140,7 @@ def test_export_variants_differ_from_their_base_only_in_nvlink(variant, base, li
     ("a100_sxm4_80gb", "A100-SXM4-80GB"),
     ("AMD Instinct MI300X", "MI300X"),
     ("NVIDIA L4", "L4"),
+    ("NVIDIA GH200 480GB", "GH200-96GB"),  # what nvidia-smi calls the 96 GB HBM3 GH200
 ])
 def test_device_aliases(alias, key):
     assert get_device(alias)["name"] == key

@@ -388,6 +388,8 @@ def test_zero_plus_plus_is_not_hybrid_sharding(tmp_path, text):
     ("A100-80G", "A100-SXM4-80GB", True),      # "80G": a memory size without the B
     ("A100 80G SXM", "A100-SXM4-80GB", False),
     ("Nvidia Tesla A100", "A100-SXM4-80GB", False),  # vendor and brand words before the alias 'A100'
+    ("NVIDIA GH200", "GH200-96GB", False),
+    ("GH200 96GB", "GH200-96GB", False),
 ])
 def test_a_gpu_type_names_the_part_it_states(gpu_type, device, assumed):
     from learnedperf.measure.published import _device_name
@@ -402,6 +404,7 @@ def test_a_gpu_type_names_the_part_it_states(gpu_type, device, assumed):
     ("A100 SXM2", "states sxm2, a form no catalog A100 has"),
     ("A10G", "'A10G' is not a catalog device"),
     ("H100 NVL", "states nvl, a form no catalog H100 has"),  # the 94 GB NVL board, not the SXM part
+    ("GH200 144GB", "states 144 GB, which no catalog GH200 has"),  # the HBM3e configuration
 ])
 def test_a_stated_part_the_catalog_lacks_is_skipped_not_replaced(gpu_type, reason):
     from learnedperf.measure.published import _device_name, _Skip
@@ -422,6 +425,9 @@ def test_a_stated_part_the_catalog_lacks_is_skipped_not_replaced(gpu_type, reaso
     # rates written without "b/s": 4 x 200 Gb/s / 8 GPUs = 12.5 GB/s; 8 x 100 Gb/s Ethernet / 8 = 12.5 GB/s
     ("A100 SXM4 40GB", "4x200G RoCE", "dgx-a100-40gb", 12.5),
     ("H100 SXM5 80GB", "8x 100GbE", "dgx-h100", 12.5),
+    # GH200 systems: the first in catalog order, or the one the text names; 4 x 200 Gb/s per node of 4 = 25 GB/s
+    ("GH200", "", "alps", None),
+    ("GH200", "JUPITER Booster, 4x NDR200 InfiniBand 200Gb/s", "jupiter", None),
 ])
 def test_a_row_runs_on_the_cluster_its_text_names(tmp_path, gpu_type, interconnect, cluster, inter_GBps):
     path = _hybrid_table(tmp_path, {"num_gpus": "64", "gpu_type": gpu_type, "interconnect": interconnect,
