@@ -27,7 +27,8 @@ REQUIRED_DEVICES = [
     "A10", "A40", "L40", "RTX-A6000", "RTX-3090", "RTX-4090", "MI250X-GCD", "MI250-GCD", "MI325X", "GH200-96GB",
 ]
 REQUIRED_CLUSTERS = ["dgx-v100", "dgx-a100", "dgx-a100-40gb", "selene", "dgx-h100", "dgx-h200", "dgx-b200",
-                     "gb200-nvl72", "hgx-mi300x", "dgx-2", "frontier", "perlmutter", "aws-p4d", "aws-p4de", "aws-p5", "alps", "jupiter"]
+                     "gb200-nvl72", "hgx-mi300x", "dgx-2", "frontier", "perlmutter", "aws-p4d", "aws-p4de", "aws-p5",
+                     "alps", "jupiter"]
 REQUIRED_MODELS = (
     [f"gpt3-{s}" for s in ("125m", "350m", "760m", "1.3b", "2.7b", "6.7b", "13b", "175b")]
     + [f"megatron-{s}" for s in ("1.7b", "3.6b", "7.5b", "18.4b", "39.1b", "76.1b", "145.6b", "310.1b", "529.6b", "1t")]
