@@ -438,7 +438,8 @@ def test_a_row_runs_on_the_cluster_its_text_names(tmp_path, gpu_type, interconne
     assert hw.get("inter_node_bandwidth_GBps") == inter_GBps
 
 
-@pytest.mark.parametrize("text", ["ZeRO-Offload", "ZeRO-3 Offload", "ZeRO-Infinity (NVMe)", "FSDP + CPU offload"])
+@pytest.mark.parametrize("text", ["ZeRO-Offload", "ZeRO-3 Offload", "ZeRO-Infinity (NVMe)", "FSDP + CPU offload",
+                                  "NO_SHARD, CPUOffload"])
 def test_offloaded_states_are_skipped_not_read_as_on_device_sharding(tmp_path, text):
     # the optimizer step on the host and the PCIe traffic of offloading are not simulated: read as ZeRO-3 or
     # FSDP on the device, the row would be predicted far too fast, so it is skipped with that reason
@@ -517,7 +518,7 @@ def test_state_space_and_recurrent_models_are_skipped(tmp_path, name):
     assert "has state-space or recurrent layers" in reason
 
 
-@pytest.mark.parametrize("name", ["MPT-7B", "mpt-70b", "Nemotron-4 15B"])
+@pytest.mark.parametrize("name", ["MPT-7B", "mpt-70b", "MosaicML MPT 30B", "Nemotron-4 15B"])
 def test_gpt_style_families_are_named_not_assumed(tmp_path, name):
     # MPT (LayerNorm, GELU 4h MLP) and Nemotron-4 (LayerNorm, squared-ReLU 4h MLP) have ungated GPT-style blocks
     got = load_published(_hybrid_table(tmp_path, {"num_gpus": "8", "model": name}))
@@ -533,3 +534,10 @@ def test_zero_bubble_schedules_are_skipped_not_read_as_interleaved(tmp_path, tex
     assert not got.runs
     ((_, reason),) = got.skipped
     assert "zero-bubble schedules" in reason
+
+
+def test_a_family_word_inside_another_word_names_no_family(tmp_path):
+    # "mpt" inside "attempt" is not MPT: the name names no family, so the arch is assumed and says so
+    got = load_published(_hybrid_table(tmp_path, {"num_gpus": "8", "model": "our attempt 1B"}))
+    (m,) = got.runs
+    assert "arch gpt (model name names no known family)" in m.run["meta"]["assumed"]

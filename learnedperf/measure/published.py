@@ -64,7 +64,7 @@ _ARCH_WORDS = (
     ("bert", ("bert", "roberta", "electra")),
     ("llama", ("llama", "mistral", "qwen", "yi-", "internlm", "baichuan", "deepseek", "olmo", "gemma")),
     ("gpt", ("gpt", "megatron", "bloom", "opt-", "opt ", "nlg", "turing", "gopher", "chinchilla", "palm",
-             "falcon", "pythia", "neox", "jurassic", "codegen", "starcoder", "mpt-", "mpt ", "nemotron")),
+             "falcon", "pythia", "neox", "jurassic", "codegen", "starcoder", " mpt-", " mpt ", "nemotron")),
 )
 # Vocabulary of a family when a row and the catalog give none (the family's reference tokenizer):
 # GPT-2 BPE padded to a multiple of 128 as Megatron pads it (51200), Llama 1/2 (32000), BERT (30522).
@@ -427,13 +427,14 @@ def _sharding(row: dict, tp: int = 1, cp: int = 1, dp: int = 1, per_node: int = 
     devices of one node, place the data-parallel ranks; the filled-in value goes to ``assumed``)."""
     raw = _cell(row, "zero_or_fsdp")
     text = raw.lower()
-    if text.split(" ")[0] in _FALSE or text.startswith(("ddp", "none")) or _PLAIN_DP.fullmatch(text) \
-            or _NO_SHARD.search(text):
+    if text.split(" ")[0] in _FALSE or text.startswith(("ddp", "none")) or _PLAIN_DP.fullmatch(text):
         return {}
     if _OFFLOAD.search(text):
         raise _Skip(f"zero_or_fsdp {raw!r}: offloading to host memory or NVMe (ZeRO-Offload/Infinity, FSDP "
                     "CPUOffload) is not in the run format; its host optimizer step and PCIe transfers are not "
                     "simulated, and reading the row as on-device sharding would predict it far too fast")
+    if _NO_SHARD.search(text):  # after the offload check: NO_SHARD with CPUOffload still moves states to the host
+        return {}
     if _ZERO_PP.search(text):
         raise _Skip(f"zero_or_fsdp {raw!r}: ZeRO++ (hpZ's secondary parameter partition within a node, "
                     "qwZ/qgZ quantized communication) is not in the run format; it is not hybrid sharding, "
