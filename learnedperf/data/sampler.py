@@ -442,16 +442,13 @@ def states_lower_bound_GiB(spec: Any) -> float:
     holds at least the average, so a run above this bound cannot fit and is rejected without
     compiling it (the exact check decides every other run).
     """
-    from ..graph.execution import sharded_state_bytes  # the bytes peak_memory uses
+    from ..graph.execution import layer_param_split, sharded_state_bytes  # what chunk_layout, peak_memory use
 
     m, s = spec.model, spec.strategy
-    mlp = m.mlp_matrices * m.hidden_size * m.ffn_hidden_size
-    dense = m.layer_params(False)
+    dense, moe_dense, experts = layer_param_split(m, s.ep)
     moe_layers = m.num_moe_layers
-    router = m.hidden_size * m.num_experts if m.is_moe else 0
-    dense_params = ((m.num_layers - moe_layers) * dense + moe_layers * (dense - mlp + router)
-                    + m.embedding_params()) / s.tp / s.pp
-    expert_params = moe_layers * (m.num_experts // s.ep) * mlp / s.tp / s.pp
+    dense_params = ((m.num_layers - moe_layers) * dense + moe_layers * moe_dense + m.embedding_params()) / s.tp / s.pp
+    expert_params = moe_layers * experts / s.tp / s.pp
     return sum(sharded_state_bytes(s, dense_params, expert_params)) / 2**30
 
 

@@ -250,6 +250,16 @@ def sharded_state_bytes(s, dense_params: float, expert_params: float) -> tuple[f
                  for nbytes, stage in ((pbytes, 3), (gbytes, 2), (optimizer_bytes_per_param(s), 1)))
 
 
+def layer_param_split(model, ep: int) -> tuple[int, int, int]:
+    """Parameters of one layer on one expert-parallel rank, before tensor parallelism: a dense layer's,
+    an MoE layer's dense part (attention, norms and the router, h × experts, replicated over ep) and the
+    experts of an MoE layer that rank keeps (experts / ep of them)."""
+    mlp = model.mlp_matrices * model.hidden_size * model.ffn_hidden_size
+    dense = model.layer_params(False)
+    router = model.hidden_size * model.num_experts if model.is_moe else 0
+    return dense, dense - mlp + router, (model.num_experts // ep) * mlp
+
+
 def chunk_layout(run: RunSpec) -> list[ChunkLayout]:
     """Every virtual stage's layers and parameters, in virtual-stage order (``pp·v`` entries).
 
@@ -260,11 +270,7 @@ def chunk_layout(run: RunSpec) -> list[ChunkLayout]:
     tp, n_v = s.tp, s.pp * s.virtual_pipeline_stages
     counts = _layers_per_vstage(model.num_layers, s.pp, s.virtual_pipeline_stages)
     h, V = model.hidden_size, model.vocab_size
-    dense_layer_params = model.layer_params(False) / tp
-    # an MoE layer's dense part: attention, norms and the router (h × experts, replicated over ep)
-    moe_attn_params = (model.layer_params(False) - model.mlp_matrices * h * model.ffn_hidden_size
-                       + (h * model.num_experts if model.is_moe else 0)) / tp
-    expert_layer_params = (model.num_experts // s.ep) * model.mlp_matrices * h * model.ffn_hidden_size / tp
+    dense_layer_params, moe_attn_params, expert_layer_params = (p / tp for p in layer_param_split(model, s.ep))
     out: list[ChunkLayout] = []
     first = 0
     for vs in range(n_v):
