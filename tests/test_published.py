@@ -119,7 +119,7 @@ def test_rows_that_cannot_become_runs_are_skipped_with_their_reason(loaded):
     reasons = {where.split("row_id ")[1].rstrip(")"): why for where, why in loaded.skipped}
     assert sorted(reasons, key=int) == ["4", "6", "9", "10"]
     assert "'Gaudi2' is not a catalog device" in reasons["4"]
-    assert "expert count" in reasons["6"]
+    assert "encoder-decoder" in reasons["6"]  # Switch-XXL is a T5
     assert "no iteration time or throughput" in reasons["9"]
     assert reasons["10"].startswith("strategy.tp:")
     assert len(loaded.runs) + len(loaded.skipped) == len(_rows(DATA))  # nothing dropped silently
@@ -541,3 +541,77 @@ def test_a_family_word_inside_another_word_names_no_family(tmp_path):
     got = load_published(_hybrid_table(tmp_path, {"num_gpus": "8", "model": "our attempt 1B"}))
     (m,) = got.runs
     assert "arch gpt (model name names no known family)" in m.run["meta"]["assumed"]
+
+
+# ------------------------------------------------------------ mixtures of experts and fp8
+def test_a_moe_row_states_its_experts_in_notes_and_keeps_its_gpt_block(tmp_path):
+    got = load_published(_hybrid_table(tmp_path, {
+        "num_gpus": "16", "ep": "8", "model": "GPT 1.3B MoE", "vocab_size": "",
+        "notes": "64 experts, top-1 gating, MoE every other layer"}))
+    (m,) = got.runs
+    spec = RunSpec.from_dict(m.run)
+    assert (spec.model.arch, spec.model.num_experts, spec.model.moe_top_k, spec.model.moe_layer_frequency) == \
+        ("moe", 64, 1, 2)
+    # a GPT-named MoE keeps GPT's block and tokenizer, not Mixtral's
+    assert (spec.model.activation, spec.model.norm, spec.model.position_embedding) == ("gelu", "layernorm", "learned")
+    assert spec.model.vocab_size == 51200
+    assert spec.strategy.ep == 8
+    assert not [a for a in m.run["meta"]["assumed"] if "moe" in a or "experts" in a]
+
+
+def test_a_dense_named_row_whose_notes_state_experts_is_a_moe(tmp_path):
+    got = load_published(_hybrid_table(tmp_path, {"num_gpus": "8", "model": "GPT 1B",
+                                                  "notes": "num_experts=16, moe_router_topk=2"}))
+    (m,) = got.runs
+    assert (m.run["model"]["arch"], m.run["model"]["num_experts"], m.run["model"]["moe_top_k"]) == ("moe", 16, 2)
+    assert "experts in every layer (not stated; Mixtral's layout)" in m.run["meta"]["assumed"]
+
+
+def test_mixtral_style_expert_count_in_the_name_and_unstated_top_k_is_assumed(tmp_path):
+    got = load_published(_hybrid_table(tmp_path, {"num_gpus": "8", "model": "MyMoE 8x1B"}))
+    (m,) = got.runs
+    assert (m.run["model"]["num_experts"], m.run["model"]["moe_top_k"]) == (8, 2)
+    assert "moe_top_k 2 (not stated; GShard's and Mixtral's routing)" in m.run["meta"]["assumed"]
+    # not in notes: "1e-4" is a learning rate, not an expert count
+    got = load_published(_hybrid_table(tmp_path, {"num_gpus": "8", "model": "GPT 1B", "notes": "lr 1e-4"}))
+    assert got.runs[0].run["model"]["arch"] == "gpt"
+
+
+@pytest.mark.parametrize("name, notes, reason", [
+    ("Some MoE 2B", "", "states no expert count"),
+    ("DeepSeek-V2-Lite", "64 experts, top-6", "shared experts"),
+    ("Qwen1.5-MoE-A2.7B", "60 experts, top-4", "shared experts"),
+    ("GPT MoE 1B", "8 experts + 2 shared experts", "shared experts"),
+    ("Switch-XXL", "", "encoder-decoder"),  # the Switch Transformers are T5s
+])
+def test_moe_rows_the_run_format_cannot_describe_are_skipped(tmp_path, name, notes, reason):
+    got = load_published(_hybrid_table(tmp_path, {"num_gpus": "8", "model": name, "notes": notes}))
+    assert not got.runs
+    ((_, why),) = got.skipped
+    assert reason in why
+
+
+@pytest.mark.parametrize("text", ["Float8", "float8 (tensorwise)", "bf16 + float8 linear", "FP8 e4m3", "MXFP8"])
+def test_float8_wordings_are_fp8(tmp_path, text):
+    got = load_published(_hybrid_table(tmp_path, {"num_gpus": "8", "precision": text}))
+    (m,) = got.runs
+    assert m.run["strategy"]["precision"] == "fp8"
+
+
+@pytest.mark.parametrize("framework, notes, peak_of, assumed", [
+    ("torchtitan", "", "bf16", False),            # torchtitan's get_peak_flops is the bf16 dense peak
+    ("LLM Foundry", "", "fp8", False),            # Composer's GPU_AVAILABLE_FLOPS['amp_fp8'] is the fp8 peak
+    ("Megatron-LM", "MFU against bf16 peak", "bf16", False),
+    ("Megatron-LM", "", "fp8", True),             # not stated: the run's own dtype's peak, counted
+])
+def test_the_mfu_of_an_fp8_run_is_read_against_the_peak_its_framework_uses(tmp_path, framework, notes, peak_of,
+                                                                         assumed):
+    got = load_published(_hybrid_table(tmp_path, {"num_gpus": "8", "precision": "fp8", "framework": framework,
+                                                  "notes": notes, "iteration_time_s": "", "mfu_pct": "40"}))
+    (m,) = got.runs
+    spec = RunSpec.from_dict(m.run)
+    peak = spec.hardware.device.peak_flops(peak_of)
+    flops = megatron_flops(spec.model, 8, False)
+    assert m.iteration_time_ms == pytest.approx(flops / (0.40 * peak * 8) * 1e3)
+    note = "MFU of an fp8 run counted against the fp8 peak (the row does not say which peak)"
+    assert (note in m.run["meta"]["assumed"]) is assumed

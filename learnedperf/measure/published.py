@@ -73,8 +73,10 @@ _FAMILY_VOCAB = {"gpt": 51200, "llama": 32000, "moe": 32000, "bert": 30522}
 # arXiv 2407.21783: 128K tokens; the config.json of every Llama 3.x), Gemma's 256,000 (Gemma Team 2024,
 # arXiv 2403.08295, §2)
 _NAMED_VOCAB = ((re.compile(r"llama[\s_-]*3"), 128256, "Llama 3"), (re.compile(r"gemma"), 256000, "Gemma"))
-# encoder-decoder models: ModelSpec has one stack, and a table's num_layers does not say how they split
-_ENCODER_DECODER = re.compile(r"\b(?:m|flan-|byt)?t5\b|\bbart\b|\bul2\b|\bpegasus\b|encoder[\s-]decoder|\bnllb\b")
+# encoder-decoder models: ModelSpec has one stack, and a table's num_layers does not say how they split (the
+# Switch Transformers are T5s: Fedus et al. 2021, arXiv 2101.03961, §3)
+_ENCODER_DECODER = re.compile(r"\b(?:m|flan-|byt)?t5\b|\bbart\b|\bul2\b|\bpegasus\b|encoder[\s-]decoder|\bnllb\b"
+                              r"|\bswitch[\s-]*(?:base|large|xl|xxl|c|transformers?)\b")
 # state-space and recurrent models, alone or mixed with attention (Mamba, Jamba, Nemotron-H, Zamba, RWKV,
 # Griffin): their layers are not transformer blocks, and the run format has no other kind
 _NOT_TRANSFORMER = re.compile(r"mamba|jamba|nemotron[\s-]*h\b|zamba|rwkv|griffin|recurrentgemma|hyena|\bssm\b")
@@ -190,15 +192,79 @@ def _model(row: dict, assumed: list, warnings: list) -> dict:
     if arch is None:
         arch = "gpt"
         assumed.append("arch gpt (model name names no known family)")
-    if arch == "moe":
-        raise _Skip(f"model {name!r} is a mixture of experts the catalog does not know: the table has no "
-                    "expert count (give the catalog name)")
     model = {"arch": arch, "name": name or "published", **{k: v for k, v in columns.items() if v is not None}}
+    experts = _moe(row, arch, assumed)
+    if experts:
+        model.update(experts)
+        arch, family = "moe", "gpt" if experts.get("activation") == "gelu" else "moe"
+        model["arch"] = arch
+    else:
+        family = arch
     if columns["vocab_size"] is None:
         named = next(((v, who) for pattern, v, who in _NAMED_VOCAB if pattern.search(name.lower())), None)
-        model["vocab_size"], tokenizer = named or (_FAMILY_VOCAB[arch], f"{arch} family")
+        model["vocab_size"], tokenizer = named or (_FAMILY_VOCAB[family], f"{family} family")
         assumed.append(f"vocab_size {model['vocab_size']} ({tokenizer}'s tokenizer)")
     return model
+
+
+# A mixture of experts' layout in a row's words. The expert count: "8 experts", "num_experts=64", "experts: 16"
+# anywhere in the model name or notes; in the model name also Mixtral's "8x7B" (experts × the size of one expert
+# model) and DeepSpeed-MoE's "MoE-128" / "-128E" (not in notes: "1e-4" is a learning rate).
+_EXPERTS_TEXT = re.compile(r"(\d+)\s*(?:routed\s+)?experts\b|num[\s_-]*experts\s*[=:]?\s*(\d+)|experts\s*[=:]\s*(\d+)")
+_EXPERTS_NAME = re.compile(r"\b(\d+)\s*x\s*\d+(?:\.\d+)?\s*b\b|\bmoe[\s_-]*(\d+)\b|\b(\d+)e\b")
+# experts per token: "top-2", "top2", "top-k=2", "topk 2", "2 active experts", "moe_router_topk=2"
+_TOP_K = re.compile(r"top[\s_-]*k?\s*[=:]?\s*(\d+)|(\d+)\s*active\s+experts")
+# "MoE every other layer", "every 2 layers", "moe_layer_freq=2"
+_MOE_EVERY = re.compile(r"every\s+(?:other|second|2nd)\s+(?:ffn\s+|mlp\s+)?layer|every\s+(\d+)\s+layers"
+                        r"|layer[\s_-]*freq\w*\s*[=:]?\s*(\d+)|expert[\s_-]*interval\s*[=:]?\s*(\d+)")
+# MoE designs the run format cannot express: shared (always-on) experts and DeepSeek's latent attention (MLA) in
+# DeepSeek-MoE/V2/V3 and Qwen-MoE, Arctic's dense MLP beside its experts (a dense-MoE hybrid)
+_MOE_UNSUPPORTED = re.compile(r"shared[\s_-]*experts?|deepseek|qwen[\d.]*[\s_-]*moe|\bmla\b|arctic")
+# families whose papers fix a MoE choice the row may leave out: Switch routing is top-1 (Fedus et al. 2021,
+# arXiv 2101.03961, §2.1); GLaM and GShard put experts in every other layer (Du et al. 2022, arXiv 2112.06905,
+# §3; Lepikhin et al. 2020, arXiv 2006.16668, §2.1)
+_TOP1_FAMILIES = re.compile(r"switch")
+_EVERY_OTHER_FAMILIES = re.compile(r"glam|gshard|switch")
+
+
+def _moe(row: dict, arch: str, assumed: list) -> dict:
+    """The MoE fields of a row the catalog does not know (``{}`` for a dense model): the expert count it
+    states, its top-k and MoE-layer interval as stated, fixed by its family, or filled in (counted).
+    A GPT-named MoE keeps GPT's block (GELU, LayerNorm, learned positions); others take Mixtral's."""
+    name = _cell(row, "model").lower()
+    text = " ".join([name] + [_cell(row, k).lower() for k in ("notes", "other_metric")])
+    m = _EXPERTS_TEXT.search(text) or (_EXPERTS_NAME.search(name) if arch == "moe" else None)
+    if m is None and arch != "moe":
+        return {}
+    if _MOE_UNSUPPORTED.search(text):
+        raise _Skip(f"model {_cell(row, 'model')!r} is a mixture of experts with shared experts, latent attention "
+                    "(MLA) or a dense MLP beside its experts, which the run format does not describe")
+    if m is None:
+        raise _Skip(f"model {_cell(row, 'model')!r} is a mixture of experts the catalog does not know, and the row "
+                    "states no expert count (say 'N experts' in notes, or give the catalog name)")
+    out: dict[str, Any] = {"num_experts": int(next(g for g in m.groups() if g is not None))}
+    k = _TOP_K.search(text)
+    if k:
+        out["moe_top_k"] = int(next(g for g in k.groups() if g is not None))
+    elif _TOP1_FAMILIES.search(name):
+        out["moe_top_k"] = 1
+    else:
+        out["moe_top_k"] = 2
+        assumed.append("moe_top_k 2 (not stated; GShard's and Mixtral's routing)")
+    every = _MOE_EVERY.search(text)
+    if every:
+        out["moe_layer_frequency"] = int(next((g for g in every.groups() if g), "2"))
+    elif _EVERY_OTHER_FAMILIES.search(name):
+        out["moe_layer_frequency"] = 2
+    else:
+        assumed.append("experts in every layer (not stated; Mixtral's layout)")
+    if arch == "gpt" or (arch == "moe" and _arch_of(name.replace("moe", "")) == "gpt"):
+        out.update(_GPT_BLOCK)
+    return out
+
+
+# the GPT block, for a MoE whose name says GPT (ModelSpec's arch 'moe' defaults to Mixtral's block)
+_GPT_BLOCK = {"activation": "gelu", "norm": "layernorm", "position_embedding": "learned", "tie_embeddings": True}
 
 
 # --------------------------------------------------------------- hardware
@@ -363,8 +429,10 @@ _UNTYPED_MIXED = re.compile(r"\bamp\b|\bmixed\b|\bo[12]\b")
 
 def _precision(row: dict, assumed: list) -> str:
     text = _cell(row, "precision").lower()
-    for word, p in (("fp8", "fp8"), ("bf16", "bf16"), ("bfloat16", "bf16"), ("fp16", "fp16"), ("float16", "fp16"),
-                    ("half", "fp16"), ("tf32", "tf32"), ("fp32", "fp32"), ("float32", "fp32")):
+    # fp8 first: a row with fp8 GEMMs also names the bf16 it keeps elsewhere ("bf16 + float8 linear")
+    for word, p in (("fp8", "fp8"), ("float8", "fp8"), ("e4m3", "fp8"), ("e5m2", "fp8"), ("bf16", "bf16"),
+                    ("bfloat16", "bf16"), ("fp16", "fp16"), ("float16", "fp16"), ("half", "fp16"),
+                    ("tf32", "tf32"), ("fp32", "fp32"), ("float32", "fp32")):
         if word in text:
             return p
     if _UNTYPED_MIXED.search(text):
@@ -637,11 +705,38 @@ def megatron_flops(model: Any, global_batch_size: int, recompute_counted: bool) 
     return ((4 if recompute_counted else 3) * layers_fwd + 3 * head_fwd) * s * global_batch_size
 
 
+# The peak an fp8 run's MFU is a fraction of. torchtitan divides by the bf16 dense peak whatever the dtype
+# (torchtitan/tools/utils.py, get_peak_flops); Composer, and so LLM Foundry, by the fp8 one (composer/callbacks/
+# speed_monitor.py, GPU_AVAILABLE_FLOPS 'amp_fp8'). A row may say which: "MFU vs bf16 peak", "of fp8 peak".
+_PEAK_OF = {p: re.compile(rf"{p}[\s-]*peak|peak[\s-]*(?:of\s+)?{p}|(?:against|relative to|vs\.?)\s+(?:the\s+)?{p}")
+            for p in ("bf16", "fp8")}
+_BF16_PEAK_FRAMEWORKS = re.compile(r"torchtitan")
+_FP8_PEAK_FRAMEWORKS = re.compile(r"composer|llm[\s-]*foundry|mosaic")
+
+
+def _mfu_peak_precision(row: dict, precision: str, assumed: list) -> str:
+    """The precision whose data-sheet peak a row's MFU or HFU is counted against."""
+    if precision != "fp8":
+        return precision
+    text = " ".join(_cell(row, k) for k in ("notes", "other_metric")).lower()
+    for p in ("bf16", "fp8"):
+        if _PEAK_OF[p].search(text):
+            return p
+    framework = _cell(row, "framework").lower()
+    if _BF16_PEAK_FRAMEWORKS.search(framework):
+        return "bf16"
+    if _FP8_PEAK_FRAMEWORKS.search(framework):
+        return "fp8"
+    assumed.append("MFU of an fp8 run counted against the fp8 peak (the row does not say which peak)")
+    return "fp8"
+
+
 _RECOMPUTE_COUNTED = re.compile(r"recompute[ -]?flops|includ\w* recomput|hardware[ -]flops|\bhfu\b", re.I)
 
 
-def _iteration_ms(row: dict, spec: Any, warnings: list) -> tuple[float, str]:
-    """The measured iteration time a row implies and the column it came from."""
+def _iteration_ms(row: dict, spec: Any, warnings: list, assumed: list) -> tuple[float, str]:
+    """The measured iteration time a row implies and the column it came from (``assumed`` gets the peak an
+    fp8 run's MFU was taken against where the row leaves it open)."""
     s, n = spec.strategy, spec.hardware.num_devices
     tokens = s.global_batch_size * spec.model.seq_length
     found: list[tuple[float, str]] = []
@@ -661,14 +756,19 @@ def _iteration_ms(row: dict, spec: Any, warnings: list) -> tuple[float, str]:
             _number(row, "hfu_pct") is not None and _number(row, "mfu_pct") is None
             and _number(row, "tflops_per_gpu") is None))
         flops = megatron_flops(spec.model, s.global_batch_size, counted)
-        peak = spec.hardware.device.peak_flops(s.precision)
         label = " (recompute counted)" if counted else ""
-        for key, rate in (("tflops_per_gpu", lambda v: v * 1e12), ("aggregate_pflops", lambda v: v * 1e15 / n),
-                          ("mfu_pct", lambda v: v / 100 * peak), ("hfu_pct", lambda v: v / 100 * peak)):
+        for key in ("tflops_per_gpu", "aggregate_pflops", "mfu_pct", "hfu_pct"):
             v = _number(row, key)
-            if v:
-                found.append((flops / (rate(v) * n) * 1e3, key + label))
-                break
+            if not v:
+                continue
+            if key == "tflops_per_gpu":
+                rate = v * 1e12
+            elif key == "aggregate_pflops":
+                rate = v * 1e15 / n
+            else:
+                rate = v / 100 * spec.hardware.device.peak_flops(_mfu_peak_precision(row, s.precision, assumed))
+            found.append((flops / (rate * n) * 1e3, key + label))
+            break
     if not found:
         raise _Skip("no iteration time or throughput (iteration_time_s, tokens/s, samples/s, TFLOP/s, MFU)")
     ms, origin = found[0]
@@ -739,7 +839,7 @@ def load_published(path: Path | str, strict: bool = False) -> LoadedPublished:
                 spec = RunSpec.from_dict(run)
             except LearnedPerfError as exc:
                 raise _Skip(str(exc)) from None
-            ms, origin = _iteration_ms(row, spec, warnings)
+            ms, origin = _iteration_ms(row, spec, warnings, assumed)
         except _Skip as exc:
             if strict:
                 raise InputError(f"{path}: {_label(row, line)}: {exc}") from None
