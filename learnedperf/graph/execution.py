@@ -15,6 +15,7 @@ with pp=64 compiles to 64 stage programs, not 3072.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
 from ..specs import RunSpec
 from ..units import MiB, dtype_bytes
@@ -245,9 +246,24 @@ def sharded_params(s, dense_params: float, expert_params: float, stage: int) -> 
 def sharded_state_bytes(s, dense_params: float, expert_params: float) -> tuple[float, float, float]:
     """Bytes of the weights, gradients and optimizer states of ``dense_params`` + ``expert_params`` on one
     rank after ZeRO sharding (:func:`sharded_params`)."""
+    return state_sharding(s)(dense_params, expert_params)
+
+
+def state_sharding(s) -> Callable[[float, float], tuple[float, float, float]]:
+    """:func:`sharded_state_bytes` of strategy ``s`` as a function of (dense, expert) parameters, with the
+    strategy's bytes per parameter and shard sizes looked up once: a memory check asks it once per pipeline
+    stage, and the fast tier checks thousands of strategies a second. The same arithmetic as
+    :func:`sharded_params` times the bytes, so the same bytes."""
     pbytes, gbytes = state_bytes_per_param(s)
-    return tuple(sharded_params(s, dense_params, expert_params, stage) * nbytes
-                 for nbytes, stage in ((pbytes, 3), (gbytes, 2), (optimizer_bytes_per_param(s), 1)))
+    zero, shard, eshard = s.effective_zero_stage, s.shard_size, s.expert_shard_size
+    parts = tuple((nbytes, zero >= stage) for nbytes, stage in ((pbytes, 3), (gbytes, 2),
+                                                                (optimizer_bytes_per_param(s), 1)))
+
+    def state_bytes(dense_params: float, expert_params: float) -> tuple[float, float, float]:
+        return tuple((dense_params / shard + expert_params / eshard if sharded else dense_params + expert_params)
+                     * nbytes for nbytes, sharded in parts)
+
+    return state_bytes
 
 
 def layer_param_split(model, ep: int) -> tuple[int, int, int]:

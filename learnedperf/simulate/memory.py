@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..graph.execution import (ExecutionGraph, StageLoad, chunk_layout, sharded_state_bytes, stage_loads,
+from ..graph.execution import (ExecutionGraph, StageLoad, chunk_layout, stage_loads, state_sharding,
                                state_bytes_per_param)
 from ..units import GiB
 
@@ -164,9 +164,16 @@ def _peak(run, loads: list[StageLoad], in_flight: list[int]) -> MemoryBreakdown:
         # state_bytes_per_param gives them no bytes)
         in_flight = [1] * len(loads)
 
+    shard_states = state_sharding(s)
+    seen: dict[tuple[float, float], tuple[float, float, float]] = {}  # the middle stages hold the same layers
+
     def states(ld: StageLoad) -> tuple[float, float, float]:
         # weights, gradients and optimizer states after ZeRO sharding (experts over their own group)
-        return sharded_state_bytes(s, ld.dense_params, ld.expert_params)
+        key = (ld.dense_params, ld.expert_params)
+        hit = seen.get(key)
+        if hit is None:
+            hit = seen[key] = shard_states(*key)
+        return hit
 
     # fp32 logits and their gradient of one micro-batch, last stage (no gradient in a forward-only step)
     logits = (1 if s.forward_only else 2) * 4.0 * T * m.vocab_size / s.tp
