@@ -615,3 +615,16 @@ def test_the_mfu_of_an_fp8_run_is_read_against_the_peak_its_framework_uses(tmp_p
     assert m.iteration_time_ms == pytest.approx(flops / (0.40 * peak * 8) * 1e3)
     note = "MFU of an fp8 run counted against the fp8 peak (the row does not say which peak)"
     assert (note in m.run["meta"]["assumed"]) is assumed
+
+
+@pytest.mark.parametrize("text, recompute", [("uniform (1 layer)", "full"), ("full, uniform", "full"),
+                                             ("block (4 layers)", None), ("full, block 2", None)])
+def test_megatron_recompute_methods(tmp_path, text, recompute):
+    # uniform recomputes every layer (in groups of N); block only N layers of each stage, not in the run format
+    got = load_published(_hybrid_table(tmp_path, {"num_gpus": "8", "activation_recompute": text}))
+    if recompute is None:
+        assert not got.runs
+        ((_, reason),) = got.skipped
+        assert "block method" in reason
+    else:
+        assert got.runs[0].run["strategy"]["recompute"] == recompute

@@ -418,7 +418,13 @@ def _recompute(row: dict, assumed: list) -> str:
         return "none"
     if "selective" in text or "partial" in text:
         return "selective"
-    if text.startswith(("full", "yes", "true", "on")) or "checkpoint" in text:
+    if re.search(r"\bblock\b", text):
+        # Megatron's --recompute-method block recomputes the first N layers of each stage only
+        raise _Skip(f"activation_recompute {_cell(row, 'activation_recompute')!r}: Megatron's block method "
+                    "recomputes some layers of each stage, which the run format (none/selective/full) does not "
+                    "describe")
+    # Megatron's --recompute-method uniform recomputes every layer, in groups of N: full recompute
+    if text.startswith(("full", "yes", "true", "on", "uniform")) or "checkpoint" in text:
         return "full"
     raise _Skip(f"field 'activation_recompute': {_cell(row, 'activation_recompute')!r} is not full/selective/none")
 
