@@ -238,9 +238,16 @@ def sharded_params(s, dense_params: float, expert_params: float, stage: int) -> 
     parameters are sharded over ``s.shard_size`` ranks (dp·cp, or one hybrid copy's), expert parameters over
     their expert-data-parallel group, ``s.expert_shard_size`` (each expert lives on one of ep ranks), as
     Megatron-Core's distributed optimizer shards them."""
+    shard, eshard = _shard_sizes(s, stage)
+    return dense_params / shard + expert_params / eshard
+
+
+def _shard_sizes(s, stage: int) -> tuple[int, int]:
+    """Ranks one copy of the dense and of the expert parameters' state is split over, for a state ZeRO shards
+    from ``stage`` on (1 and 1 below it: dividing by 1 is exact, so unsharded bytes are the sums)."""
     if s.effective_zero_stage < stage:
-        return dense_params + expert_params
-    return dense_params / s.shard_size + expert_params / s.expert_shard_size
+        return 1, 1
+    return s.shard_size, s.expert_shard_size
 
 
 def sharded_state_bytes(s, dense_params: float, expert_params: float) -> tuple[float, float, float]:
@@ -252,16 +259,14 @@ def sharded_state_bytes(s, dense_params: float, expert_params: float) -> tuple[f
 def state_sharding(s) -> Callable[[float, float], tuple[float, float, float]]:
     """:func:`sharded_state_bytes` of strategy ``s`` as a function of (dense, expert) parameters, with the
     strategy's bytes per parameter and shard sizes looked up once: a memory check asks it once per pipeline
-    stage, and the fast tier checks thousands of strategies a second. The same arithmetic as
-    :func:`sharded_params` times the bytes, so the same bytes."""
+    stage, and the fast tier checks thousands of strategies a second. :func:`sharded_params`' rule times the
+    bytes."""
     pbytes, gbytes = state_bytes_per_param(s)
-    zero, shard, eshard = s.effective_zero_stage, s.shard_size, s.expert_shard_size
-    parts = tuple((nbytes, zero >= stage) for nbytes, stage in ((pbytes, 3), (gbytes, 2),
-                                                                (optimizer_bytes_per_param(s), 1)))
+    parts = tuple((nbytes, *_shard_sizes(s, stage)) for nbytes, stage in ((pbytes, 3), (gbytes, 2),
+                                                                          (optimizer_bytes_per_param(s), 1)))
 
     def state_bytes(dense_params: float, expert_params: float) -> tuple[float, float, float]:
-        return tuple((dense_params / shard + expert_params / eshard if sharded else dense_params + expert_params)
-                     * nbytes for nbytes, sharded in parts)
+        return tuple((dense_params / shard + expert_params / eshard) * nbytes for nbytes, shard, eshard in parts)
 
     return state_bytes
 
