@@ -280,3 +280,51 @@ def test_committed_cpu_steps_cover_the_grid(tmp_path, monkeypatch):
     amended = verify_manifest(copy)
     assert amended["files"]["steps_cpu.parquet"]["rows"] == len(steps)
     assert amended["amendments"][-1]["rows_added"] == 1 and amended["amendments"][-1]["command"] == "test"
+
+
+# ------------------------------------------------------------------ CUDA steps (planned here; no GPU needed)
+H100 = {"device": "H100-SXM5-80GB", "devices_per_node": 1}
+
+
+def test_a_cuda_step_runs_in_one_process():
+    # the strategies' groups and meshes are built for gloo: on CUDA only world_size 1 is measured
+    with pytest.raises(InputError, match=r"^device: steps on several processes are measured on CPU only"):
+        plan_step(StepConfig(GPT, 2, device="cuda"))
+    with pytest.raises(InputError, match=r"^device: expected 'cpu' or 'cuda', got 'tpu'"):
+        plan_step(StepConfig(GPT, 1, device="tpu"))
+    plan = plan_step(StepConfig(GPT, 1, {"precision": "bf16"}, device="cuda"))
+    assert plan.cuda and plan.kind == "single"
+    # the label says the device; a CPU step's label (quoted in manifests) is as before
+    assert StepConfig(GPT, 1, device="cuda").label() == "gpt-test world=1 device=cuda"
+    assert StepConfig(GPT, 1).label() == "gpt-test world=1 default strategy"
+
+
+def test_the_gpu_grid_is_one_process_runs_of_valid_specs():
+    grid = step_grid(device="cuda")
+    assert len(grid) == 45 and {c.device for c in grid} == {"cuda"} and {c.world_size for c in grid} == {1}
+    assert len({c.label() for c in grid}) == len(grid)
+    for config in grid:
+        run = run_dict(config, H100)
+        spec = RunSpec.from_dict(run)  # every step is a run the predictor can be scored on
+        assert spec.strategy.precision in ("fp32", "bf16")
+    # the published shapes: TinyLlama-1.1B's config.json (22 layers, d 2048, 4 KV heads) is 1.10B parameters
+    tiny_llama = next(c for c in grid if c.model["name"] == "tinyllama-1.1b-like")
+    assert ModelSpec.model_validate(
+        {k: v for k, v in tiny_llama.model.items() if k != "name"}).num_params() == pytest.approx(1.1e9, rel=0.01)
+    quick = step_grid(quick=True, device="cuda")
+    assert [c.world_size for c in quick] == [1, 1]
+    with pytest.raises(InputError, match="device: expected 'cpu' or 'cuda'"):
+        step_grid(device="tpu")
+
+
+def test_collectives_a_machine_has_too_few_gpus_for_are_skipped_with_the_reason():
+    from learnedperf.measure.collect import _gpu_worlds
+
+    skipped, lines = [], []
+    assert _gpu_worlds({2, 4}, 1, skipped, lines.append) == set()
+    assert [s["op"] for s in skipped] == ["collectives over 2 processes", "collectives over 4 processes"]
+    assert "NCCL needs one GPU per rank: 4 processes on this machine's 1 GPU(s)" in skipped[1]["reason"]
+    assert len(lines) == 2
+    skipped = []
+    assert _gpu_worlds({2, 4}, 8, skipped, lines.append) == {2, 4} and skipped == []
+    assert _gpu_worlds({2, 4}, 2, skipped, lines.append) == {2}

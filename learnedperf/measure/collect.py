@@ -102,8 +102,10 @@ def collect(out: str | Path, *, quick: bool = False, parts: Iterable[str] = PART
     tag = device + ("_quick" if quick else "")
     skipped: list[dict] = []
     started = now_utc()
-    steps = step_grid(quick) if "steps" in parts else []
+    steps = step_grid(quick, device) if "steps" in parts else []
     comm_worlds = ({2} if quick else {2, 4}) if "collectives" in parts else set()
+    if device == "cuda":
+        comm_worlds = _gpu_worlds(comm_worlds, _cuda_device_count(), skipped, log)
     worlds = sorted({1} | {c.world_size for c in steps} | comm_worlds)
     # a step's device is what one of its ranks gets: measured with its thread count and process count
     setups = sorted({(w, threads) for w in worlds} | {(c.world_size, c.threads) for c in steps})
@@ -240,6 +242,23 @@ def collect(out: str | Path, *, quick: bool = False, parts: Iterable[str] = PART
     manifest_path = write_manifest(out, command=command, host=host_descriptor(),
                                    extra={"collections": history + [collection]})
     return json.loads(manifest_path.read_text(encoding="utf-8"))
+
+
+def _cuda_device_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def _gpu_worlds(worlds: set[int], gpus: int, skipped: list, log: Callable[[str], None]) -> set[int]:
+    """The collective group sizes this machine's GPUs can run (NCCL: one GPU per rank); each one it cannot
+    is listed in ``skipped`` with the reason, so a single-GPU machine measures its operators and steps."""
+    kept = {w for w in worlds if w <= gpus}
+    for w in sorted(worlds - kept):
+        reason = f"NCCL needs one GPU per rank: {w} processes on this machine's {gpus} GPU(s)"
+        skipped.append({"op": f"collectives over {w} processes", "reason": reason})
+        log(f"measure: collectives over {w} processes skipped ({reason})")
+    return kept
 
 
 def _step_devices(descriptors: dict, op_records: Optional[list], op_file: Path,

@@ -36,6 +36,11 @@ one process per rank started by :func:`torch.multiprocessing.start_processes`
   :func:`learnedperf.measure.ingest.strategy_kind` names it) and their run says
   ``dp_replicate``.
 
+On a GPU (``StepConfig.device = "cuda"``) a step runs in one process on ``cuda:0``: weights and
+micro-batches are moved there before timing, bf16 runs under CUDA's autocast, the timer waits for
+the GPU (``torch.cuda.synchronize`` before and after the iteration) and peak memory is the caching
+allocator's. Multi-process steps are CPU-only: their groups and meshes are built for gloo.
+
 Timing: a barrier, then ``time.perf_counter`` around one whole iteration (every
 micro-batch's forward and backward, the gradient communication and the optimizer
 step); ``warmup`` untimed iterations, then ``repeats`` timed ones. The time of an
@@ -150,6 +155,8 @@ class StepConfig:
         timeout_s: wall-clock limit of the whole measurement (processes are killed past it).
         learning_rate: of the optimizer; it does not change the time of a step (correctness
             checks raise it so that a wrong gradient visibly changes the next loss).
+        device: ``"cpu"`` or ``"cuda"`` (one process on ``cuda:0``: multi-process steps run on CPU
+            over gloo only).
     """
 
     model: dict
@@ -162,6 +169,7 @@ class StepConfig:
     profile: bool = False
     timeout_s: float = 300.0
     learning_rate: float = 1e-4
+    device: str = "cpu"
 
     def label(self) -> str:
         """Short human-readable description, used in progress lines and error messages."""
@@ -170,6 +178,8 @@ class StepConfig:
         keys = [f"{k}={s[k]}" for k in sorted(s)]
         if self.threads != 1:
             keys.append(f"threads={self.threads}")
+        if self.device != "cpu":  # CPU labels (and the manifests that quote them) stay as they were
+            keys.append(f"device={self.device}")
         return f"{name} world={self.world_size} " + (" ".join(keys) if keys else "default strategy")
 
 
@@ -184,7 +194,7 @@ class StepPlan:
         world_size, tp, pp, dp: process counts.
         num_microbatches: micro-batches per data-parallel rank per iteration.
         kind: strategy kind ('single', 'dp', 'tp', 'pp', 'zero', 'fsdp', 'tp+dp', ...).
-        warmup, repeats, threads, seed, profile, timeout_s, learning_rate: from the config.
+        warmup, repeats, threads, seed, profile, timeout_s, learning_rate, device: from the config.
         label: the config's label.
     """
 
@@ -204,6 +214,12 @@ class StepPlan:
     timeout_s: float
     learning_rate: float
     label: str
+    device: str = "cpu"
+
+    @property
+    def cuda(self) -> bool:
+        """True when the step runs on the GPU."""
+        return self.device == "cuda"
 
     @property
     def is_transformer(self) -> bool:
@@ -246,6 +262,12 @@ def plan_step(config: StepConfig) -> StepPlan:
     world = config.world_size
     if isinstance(world, bool) or not isinstance(world, int) or world < 1:
         raise bad("world_size", f"expected a positive integer, got {world!r}")
+    if config.device not in ("cpu", "cuda"):
+        raise bad("device", f"expected 'cpu' or 'cuda', got {config.device!r}")
+    if config.device == "cuda" and world > 1:
+        # ranks would need NCCL and one GPU each, and the strategies' groups and meshes are built for gloo
+        raise bad("device", "steps on several processes are measured on CPU only (gloo); on CUDA, world_size "
+                            "must be 1")
     if not isinstance(config.learning_rate, (int, float)) or not config.learning_rate > 0:
         raise bad("learning_rate", f"expected a positive number, got {config.learning_rate!r}")
     if not isinstance(config.timeout_s, (int, float)) or not config.timeout_s > 0:
@@ -352,7 +374,8 @@ def plan_step(config: StepConfig) -> StepPlan:
     return StepPlan(model=model, strategy=s, world_size=world, tp=tp, pp=pp, dp=dp,
                     num_microbatches=gbs // (mbs * dp), kind=kind, warmup=config.warmup, repeats=config.repeats,
                     threads=config.threads, seed=config.seed, profile=bool(config.profile),
-                    timeout_s=float(config.timeout_s), learning_rate=float(config.learning_rate), label=label)
+                    timeout_s=float(config.timeout_s), learning_rate=float(config.learning_rate), label=label,
+                    device=config.device)
 
 
 def run_dict(config: StepConfig, hardware: dict) -> dict:
@@ -433,6 +456,20 @@ def schedule(kind: str, stage: int, num_stages: int, num_microbatches: int) -> l
 
 
 # --------------------------------------------------------------------------- one rank
+def _cuda_sync() -> Callable[[], None]:
+    """``torch.cuda.synchronize`` (the step's timer waits for the GPU's queue to drain)."""
+    import torch
+
+    return torch.cuda.synchronize
+
+
+def _peak_cuda_MiB() -> float:
+    """Largest memory the caching allocator handed out on the GPU since the process started (MiB)."""
+    import torch
+
+    return torch.cuda.max_memory_allocated() / 2**20
+
+
 def _peak_rss_MiB() -> float:
     import resource
 
@@ -522,10 +559,14 @@ def _build_step(plan: StepPlan, rank: int) -> tuple[Callable[[], Any], int]:
     # Data is a function of (seed, data-parallel rank, micro-batch): tp ranks and pipeline stages of one
     # replica see the same batch, and a run with the same global batch on one process sees the same data.
     batches = [M.make_batch(plan.model, mbs, plan.seed, dp_rank * m + i) for i in range(m)]
+    if plan.cuda:
+        # weights and every micro-batch live on the GPU before timing: the step moves no data from the host
+        net = net.to("cuda")
+        batches = [tuple(t.to("cuda") for t in batch) for batch in batches]
     bf16 = s["precision"] == "bf16"
 
     def autocast():
-        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
+        return torch.autocast(plan.device, dtype=torch.bfloat16, enabled=bf16)
 
     def make_optimizer(params):
         if s["optimizer"] == "sgd":
@@ -668,10 +709,13 @@ def _pipeline_step(plan: StepPlan, net, optimizer, batches, groups, coords, auto
     return step
 
 
-def _profile_rows(prof, iterations: int) -> list[dict]:
+def _profile_rows(prof, iterations: int, cuda: bool = False) -> list[dict]:
+    """Per-op rows of a profile: self time per iteration, the GPU's for a CUDA step (its host time is the
+    launches only)."""
     rows = []
     for evt in prof.key_averages():
-        self_ms = evt.self_cpu_time_total / 1000.0 / iterations
+        total_us = evt.self_device_time_total if cuda else evt.self_cpu_time_total
+        self_ms = total_us / 1000.0 / iterations
         if self_ms > 0:
             rows.append({"name": evt.key, "calls": int(round(evt.count / iterations)),
                          "self_time_ms": round(self_ms, 6)})
@@ -695,20 +739,25 @@ def _run_rank(plan: StepPlan, rank: int, iterations: Optional[int] = None) -> di
     count = iterations if iterations is not None else plan.repeats
     times_s, losses = [], []
     window = Window()
+    sync = _cuda_sync() if plan.cuda else (lambda: None)
     for it in range(warmup + count):
         if dist is not None:
             dist.barrier()  # every rank starts the iteration together, so max over ranks is the iteration
         if it == warmup:
             # the timed iterations are the window of the quiet-machine check (measure.quiet)
             window = Window()
+        # on the GPU the host only queues kernels: the iteration ends when the device has run them
+        sync()
         t0 = time.perf_counter()
         loss = step()
+        sync()
         t1 = time.perf_counter()
         if it >= warmup:
             times_s.append(t1 - t0)
             losses.append(loss)
     timed = window.elapsed()
-    peak_rss_MiB = _peak_rss_MiB()  # before profiling, whose bookkeeping is not part of the step
+    # before profiling, whose bookkeeping is not part of the step
+    peak_MiB = _peak_cuda_MiB() if plan.cuda else _peak_rss_MiB()
     per_op: list[dict] = []
     if plan.profile and iterations is None:
         if dist is not None:
@@ -716,12 +765,14 @@ def _run_rank(plan: StepPlan, rank: int, iterations: Optional[int] = None) -> di
         if rank == 0:
             from torch.profiler import ProfilerActivity, profile
 
-            with profile(activities=[ProfilerActivity.CPU]) as prof:
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if plan.cuda else [])
+            with profile(activities=activities) as prof:
                 step()
-            per_op = _profile_rows(prof, 1)
+                sync()
+            per_op = _profile_rows(prof, 1, plan.cuda)
         else:
             step()  # the other ranks must take part in the profiled iteration's communication
-    return {"rank": rank, "times_s": times_s, "peak_rss_MiB": peak_rss_MiB, "timed": timed,
+    return {"rank": rank, "times_s": times_s, "peak_memory_MiB": peak_MiB, "timed": timed,
             "local_params": local_params,
             "losses": None if losses and losses[0] is None else [float(v) for v in losses],
             "per_op": per_op}
@@ -926,7 +977,7 @@ def measure_step(config: StepConfig, hardware: dict, progress: Optional[Callable
         "iteration_p90_ms": percentile(per_iter_ms, 90),
         "repeats": plan.repeats,
         "warmup": plan.warmup,
-        "peak_memory_MiB": max(r["peak_rss_MiB"] for r in ranks),
+        "peak_memory_MiB": max(r["peak_memory_MiB"] for r in ranks),
         "per_op": json.dumps(per_op),
         "device_name": device_name,
         "device": canonical_json(device),
@@ -1013,8 +1064,50 @@ def _timing_for(name: str) -> dict:
         size, {"warmup": 2, "repeats": 5})
 
 
-def step_grid(quick: bool = False) -> list[StepConfig]:
-    """The configurations measured for the project's data set.
+#: GPU-sized models of the CUDA grid, shaped like published models so that their steps are ones the
+#: predictor is asked about: GPT-2 medium (Radford et al. 2019: 24 layers, d 1024, 16 heads, 1,024 tokens;
+#: vocabulary padded to 50,304 as nanoGPT pads it), BERT-large (Devlin et al. 2019: 24 layers, d 1024, 16 heads,
+#: 512 tokens, 30,522 word pieces) and TinyLlama-1.1B (its config.json: 22 layers, d 2048, 32 heads, 4 KV
+#: heads, FFN 5,632, 32,000 tokens; 2,048 positions).
+GPU_GRID_MODELS: dict[str, dict] = {
+    "gpt2-medium-like": {"arch": "gpt", "num_layers": 24, "hidden_size": 1024, "num_attention_heads": 16,
+                         "vocab_size": 50304, "seq_length": 1024},
+    "bert-large-like": {"arch": "bert", "num_layers": 24, "hidden_size": 1024, "num_attention_heads": 16,
+                        "vocab_size": 30522, "seq_length": 512},
+    "tinyllama-1.1b-like": {"arch": "llama", "num_layers": 22, "hidden_size": 2048, "num_attention_heads": 32,
+                            "num_kv_heads": 4, "ffn_hidden_size": 5632, "vocab_size": 32000, "seq_length": 2048},
+}
+
+
+def gpu_step_grid(quick: bool = False) -> list[StepConfig]:
+    """The configurations measured on one GPU (``device="cuda"``, one process each).
+
+    ``quick=False``: the CPU grid's single-process transformers in fp32 and bf16 (small, launch-bound
+    steps) and the GPU-sized :data:`GPU_GRID_MODELS` at micro-batches 1-8 in fp32 and bf16, with full
+    recompute and with gradient accumulation: 45 configs. ``quick=True``: two small configs.
+    """
+    def cfg(name: str, **strategy) -> StepConfig:
+        if name in GPU_GRID_MODELS:
+            return StepConfig({"name": name, **GPU_GRID_MODELS[name]}, 1, strategy, warmup=2, repeats=5,
+                              device="cuda")
+        return StepConfig(grid_model(name), 1, strategy, warmup=3, repeats=10, device="cuda")
+
+    if quick:
+        return [cfg("gpt-tiny"), cfg("llama-small", precision="bf16")]
+    out = [cfg(f"{fam}-{size}", precision=p) for fam in ("gpt", "llama", "bert")
+           for size in ("tiny", "small", "medium", "large") for p in ("fp32", "bf16")]
+    for name in GPU_GRID_MODELS:
+        for p in ("fp32", "bf16"):
+            for mbs in (1, 4):
+                out.append(cfg(name, precision=p, micro_batch_size=mbs))
+        out.append(cfg(name, precision="bf16", micro_batch_size=8))
+        out.append(cfg(name, precision="bf16", micro_batch_size=4, recompute="full"))
+        out.append(cfg(name, precision="bf16", micro_batch_size=2, global_batch_size=4))
+    return out
+
+
+def step_grid(quick: bool = False, device: str = "cpu") -> list[StepConfig]:
+    """The configurations measured for the project's data set (``device="cuda"``: :func:`gpu_step_grid`).
 
     ``quick=False``: 140 configs (87 on several processes) — single-process (fp32, bf16, full recompute,
     larger micro-batches, gradient accumulation, 2 threads), DDP with several bucket
@@ -1024,6 +1117,11 @@ def step_grid(quick: bool = False) -> list[StepConfig]:
     (HSDP, ``dp_replicate`` 2: FULL_SHARD and ZeRO-2, one with gradient accumulation).
     ``quick=True``: four small configs, one of them on 2 processes, for a smoke test.
     """
+    if device == "cuda":
+        return gpu_step_grid(quick)
+    if device != "cpu":
+        raise InputError(f"device: expected 'cpu' or 'cuda', got {device!r}")
+
     def cfg(name: str, world: int = 1, threads: int = 1, **strategy) -> StepConfig:
         return StepConfig(grid_model(name), world, strategy, threads=threads, **_timing_for(name))
 
