@@ -628,3 +628,25 @@ def test_megatron_recompute_methods(tmp_path, text, recompute):
         assert "block method" in reason
     else:
         assert got.runs[0].run["strategy"]["recompute"] == recompute
+
+
+@pytest.mark.parametrize("name, notes, experts, top_k", [
+    ("Qwen3-30B-A3B", "128 experts, top-8", 128, 8),     # "-A3B": 3B active of 30B, a MoE
+    ("Qwen3-30B-A3B", "", None, None),                   # a MoE whose expert count the row does not state
+    ("Llama 4 Scout 17B-16E", "16 experts, top-1", None, None),  # a shared expert and chunked attention
+    ("gpt-oss-120b", "128 experts, top-4", None, None),  # sliding-window attention layers
+    ("Llama 3.1 405B", "", 1, None),                     # dense: "4" of "405B" is not Llama 4
+])
+def test_moe_names_the_family_words_miss(tmp_path, name, notes, experts, top_k):
+    got = load_published(_hybrid_table(tmp_path, {"num_gpus": "8", "model": name, "notes": notes,
+                                                  "num_kv_heads": "4"}))
+    if experts is None:
+        assert not got.runs
+        ((_, why),) = got.skipped
+        assert "mixture of experts" in why
+        return
+    (m,) = got.runs
+    spec = RunSpec.from_dict(m.run)
+    assert spec.model.num_experts == experts
+    if top_k is not None:
+        assert spec.model.moe_top_k == top_k and spec.model.arch == "moe"

@@ -217,9 +217,14 @@ _TOP_K = re.compile(r"top[\s_-]*k?\s*[=:]?\s*(\d+)|(\d+)\s*active\s+experts")
 # "MoE every other layer", "every 2 layers", "moe_layer_freq=2"
 _MOE_EVERY = re.compile(r"every\s+(?:other|second|2nd)\s+(?:ffn\s+|mlp\s+)?layer|every\s+(\d+)\s+layers"
                         r"|layer[\s_-]*freq\w*\s*[=:]?\s*(\d+)|expert[\s_-]*interval\s*[=:]?\s*(\d+)")
+# MoE names the family words miss: the active parameters beside the total ("Qwen3-30B-A3B", "Qwen3-235B-A22B"),
+# Llama 4 (Scout, Maverick) and gpt-oss, families whose every release is a MoE
+_MOE_NAMES = re.compile(r"\d(?:\.\d+)?\s*b[\s_-]*a\d+(?:\.\d+)?\s*b\b|llama[\s_-]*4(?!\d)|gpt[\s_-]*oss")
 # MoE designs the run format cannot express: shared (always-on) experts and DeepSeek's latent attention (MLA) in
-# DeepSeek-MoE/V2/V3 and Qwen-MoE, Arctic's dense MLP beside its experts (a dense-MoE hybrid)
-_MOE_UNSUPPORTED = re.compile(r"shared[\s_-]*experts?|deepseek|qwen[\d.]*[\s_-]*moe|\bmla\b|arctic")
+# DeepSeek-MoE/V2/V3, Qwen1.5/2-MoE and Llama 4; Llama 4's chunked and gpt-oss's sliding-window attention
+# layers; Arctic's dense MLP beside its experts (a dense-MoE hybrid)
+_MOE_UNSUPPORTED = re.compile(r"shared[\s_-]*experts?|deepseek|qwen[\d.]*[\s_-]*moe|\bmla\b|arctic"
+                              r"|llama[\s_-]*4(?!\d)|gpt[\s_-]*oss")
 # families whose papers fix a MoE choice the row may leave out: Switch routing is top-1 (Fedus et al. 2021,
 # arXiv 2101.03961, §2.1); GLaM and GShard put experts in every other layer (Du et al. 2022, arXiv 2112.06905,
 # §3; Lepikhin et al. 2020, arXiv 2006.16668, §2.1)
@@ -233,12 +238,14 @@ def _moe(row: dict, arch: str, assumed: list) -> dict:
     A GPT-named MoE keeps GPT's block (GELU, LayerNorm, learned positions); others take Mixtral's."""
     name = _cell(row, "model").lower()
     text = " ".join([name] + [_cell(row, k).lower() for k in ("notes", "other_metric")])
-    m = _EXPERTS_TEXT.search(text) or (_EXPERTS_NAME.search(name) if arch == "moe" else None)
-    if m is None and arch != "moe":
+    named_moe = arch == "moe" or bool(_MOE_NAMES.search(name))
+    m = _EXPERTS_TEXT.search(text) or (_EXPERTS_NAME.search(name) if named_moe else None)
+    if m is None and not named_moe:
         return {}
     if _MOE_UNSUPPORTED.search(text):
         raise _Skip(f"model {_cell(row, 'model')!r} is a mixture of experts with shared experts, latent attention "
-                    "(MLA) or a dense MLP beside its experts, which the run format does not describe")
+                    "(MLA), chunked or sliding-window attention, or a dense MLP beside its experts, which the run "
+                    "format does not describe")
     if m is None:
         raise _Skip(f"model {_cell(row, 'model')!r} is a mixture of experts the catalog does not know, and the row "
                     "states no expert count (say 'N experts' in notes, or give the catalog name)")
