@@ -650,3 +650,11 @@ def test_moe_names_the_family_words_miss(tmp_path, name, notes, experts, top_k):
     assert spec.model.num_experts == experts
     if top_k is not None:
         assert spec.model.moe_top_k == top_k and spec.model.arch == "moe"
+
+
+@pytest.mark.parametrize("gpu_type, device", [("8xH100", "H100-SXM5-80GB"), ("8 x A100 80GB", "A100-SXM4-80GB"),
+                                              ("8×H100 SXM", "H100-SXM5-80GB")])
+def test_a_count_before_the_gpu_name_is_not_part_of_it(tmp_path, gpu_type, device):
+    got = load_published(_hybrid_table(tmp_path, {"num_gpus": "8", "gpu_type": gpu_type}))
+    (m,) = got.runs
+    assert RunSpec.from_dict(m.run).hardware.device.name == device

@@ -318,7 +318,9 @@ def _device_name(gpu_type: str, assumed: list) -> str:
 
     if not gpu_type:
         raise _Skip("field 'gpu_type' is missing")
-    stripped = re.sub(r"^(?:(?:nvidia|amd instinct|amd|tesla|geforce|google)\s+)+", "", gpu_type.strip(), flags=re.I)
+    # a count of GPUs before the name ("8xH100", "8 × A100") and vendor words are not the part
+    stripped = re.sub(r"^\d+\s*[x×]\s*(?=[a-z])", "", gpu_type.strip(), flags=re.I)
+    stripped = re.sub(r"^(?:(?:nvidia|amd instinct|amd|tesla|geforce|google)\s+)+", "", stripped, flags=re.I)
     text = stripped.lower()
     for form in (gpu_type, stripped, stripped.replace(" ", "-")):
         try:
