@@ -658,3 +658,14 @@ def test_a_count_before_the_gpu_name_is_not_part_of_it(tmp_path, gpu_type, devic
     got = load_published(_hybrid_table(tmp_path, {"num_gpus": "8", "gpu_type": gpu_type}))
     (m,) = got.runs
     assert RunSpec.from_dict(m.run).hardware.device.name == device
+
+
+def test_top_k_experts_is_not_the_expert_count(tmp_path):
+    got = load_published(_hybrid_table(tmp_path, {"num_gpus": "8", "model": "GPT MoE 1B",
+                                                  "notes": "routing to the top-2 experts of 16 experts"}))
+    (m,) = got.runs
+    assert (m.run["model"]["num_experts"], m.run["model"]["moe_top_k"]) == (16, 2)
+    got = load_published(_hybrid_table(tmp_path, {"num_gpus": "8", "model": "BERT-MoE large",
+                                                  "notes": "16 experts"}))
+    ((_, why),) = got.skipped
+    assert "BERT-style (bidirectional) mixture of experts" in why

@@ -209,8 +209,10 @@ def _model(row: dict, assumed: list, warnings: list) -> dict:
 
 # A mixture of experts' layout in a row's words. The expert count: "8 experts", "num_experts=64", "experts: 16"
 # anywhere in the model name or notes; in the model name also Mixtral's "8x7B" (experts × the size of one expert
-# model) and DeepSpeed-MoE's "MoE-128" / "-128E" (not in notes: "1e-4" is a learning rate).
-_EXPERTS_TEXT = re.compile(r"(\d+)\s*(?:routed\s+)?experts\b|num[\s_-]*experts\s*[=:]?\s*(\d+)|experts\s*[=:]\s*(\d+)")
+# model) and DeepSpeed-MoE's "MoE-128" / "-128E" (not in notes: "1e-4" is a learning rate). Not the 2 of
+# "top-2 experts", which is the experts per token.
+_EXPERTS_TEXT = re.compile(r"(?<![\w-])(?<!top )(\d+)\s*(?:routed\s+)?experts\b|num[\s_-]*experts\s*[=:]?\s*(\d+)"
+                           r"|experts\s*[=:]\s*(\d+)")
 _EXPERTS_NAME = re.compile(r"\b(\d+)\s*x\s*\d+(?:\.\d+)?\s*b\b|\bmoe[\s_-]*(\d+)\b|\b(\d+)e\b")
 # experts per token: "top-2", "top2", "top-k=2", "topk 2", "2 active experts", "moe_router_topk=2"
 _TOP_K = re.compile(r"top[\s_-]*k?\s*[=:]?\s*(\d+)|(\d+)\s*active\s+experts")
@@ -249,6 +251,11 @@ def _moe(row: dict, arch: str, assumed: list) -> dict:
     if m is None:
         raise _Skip(f"model {_cell(row, 'model')!r} is a mixture of experts the catalog does not know, and the row "
                     "states no expert count (say 'N experts' in notes, or give the catalog name)")
+    # the dense family the name gives besides "MoE": its block ("GPT-MoE" keeps GPT's)
+    family = arch if arch != "moe" else _arch_of(name.replace("moe", ""))
+    if family == "bert":
+        raise _Skip(f"model {_cell(row, 'model')!r} is a BERT-style (bidirectional) mixture of experts: the run "
+                    "format's MoE is a decoder")
     out: dict[str, Any] = {"num_experts": int(next(g for g in m.groups() if g is not None))}
     k = _TOP_K.search(text)
     if k:
@@ -265,7 +272,7 @@ def _moe(row: dict, arch: str, assumed: list) -> dict:
         out["moe_layer_frequency"] = 2
     else:
         assumed.append("experts in every layer (not stated; Mixtral's layout)")
-    if arch == "gpt" or (arch == "moe" and _arch_of(name.replace("moe", "")) == "gpt"):
+    if family == "gpt":
         out.update(_GPT_BLOCK)
     return out
 
