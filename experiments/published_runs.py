@@ -125,9 +125,11 @@ def main(argv=None) -> int:
         if len(members) >= 3:
             tau = kendalltau([r["measured_ms"] for r in members], [r["full_ms"] for r in members]).statistic
             taus.append((tau, len(members)))
+    defined = [t for t, _ in taus if np.isfinite(t)]  # τ is undefined where every measured or predicted time ties
     if taus:
+        mean = f"mean {np.mean(defined):.2f}" if defined else "undefined"
         print(f"Kendall tau over the strategies of {len(taus)} (model, device, GPUs, batch) groups of 3 or more: "
-              f"mean {np.mean([t for t, _ in taus]):.2f} (full tier)")
+              f"{mean} (full tier; {len(taus) - len(defined)} group(s) whose times all tie have none)")
     else:
         print("Kendall tau: no (model, device, GPUs, batch) group has 3 or more strategies")
     if args.out:
