@@ -7,6 +7,7 @@ torch preloaded, so after the first run each multi-process step takes well under
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import subprocess
@@ -328,3 +329,47 @@ def test_collectives_a_machine_has_too_few_gpus_for_are_skipped_with_the_reason(
     skipped = []
     assert _gpu_worlds({2, 4}, 8, skipped, lines.append) == {2, 4} and skipped == []
     assert _gpu_worlds({2, 4}, 2, skipped, lines.append) == {2}
+
+
+def test_the_cuda_branch_moves_the_step_to_the_gpu_and_times_it_synchronised(monkeypatch):
+    # No GPU here: torch's CUDA calls are stood in for, so that the CUDA branch of one rank's step runs
+    # on the CPU and what it asks of torch is recorded (placement, synchronisation, GPU peak memory).
+    import torch
+
+    from learnedperf.measure import steps as S
+
+    moved, syncs = [], []
+    module_to, tensor_to = torch.nn.Module.to, torch.Tensor.to
+
+    def fake_module_to(self, *args, **kwargs):
+        if args and args[0] == "cuda":
+            moved.append("module")
+            return self
+        return module_to(self, *args, **kwargs)
+
+    def fake_tensor_to(self, *args, **kwargs):
+        if args and args[0] == "cuda":
+            moved.append("tensor")
+            return self
+        return tensor_to(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.Module, "to", fake_module_to)
+    monkeypatch.setattr(torch.Tensor, "to", fake_tensor_to)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: syncs.append(1))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: 123 * 2**20)
+    monkeypatch.setattr(S, "_peak_rss_MiB", lambda: pytest.fail("a CUDA step reads the GPU's peak, not the RSS"))
+    casts = []
+
+    def fake_autocast(device_type, dtype=None, enabled=True):
+        casts.append((device_type, dtype, enabled))
+        return contextlib.nullcontext()
+
+    monkeypatch.setattr(torch, "autocast", fake_autocast)
+    plan = plan_step(StepConfig(GPT, 1, {"global_batch_size": 2, "precision": "bf16"}, warmup=1, repeats=2,
+                                device="cuda"))
+    out = S._run_rank(plan, 0)
+    # the model once, then tokens and targets of both micro-batches; bf16 under CUDA's autocast
+    assert moved == ["module"] + ["tensor"] * 4
+    assert set(casts) == {("cuda", torch.bfloat16, True)} and len(casts) == 3 * 2  # 3 iterations × 2 micro-batches
+    assert len(syncs) == 2 * 3  # before and after each of the 1 + 2 iterations
+    assert len(out["times_s"]) == 2 and out["peak_memory_MiB"] == 123.0
