@@ -74,7 +74,10 @@ def test_novelty_of_split():
     assert novelty_of_split("unseen_device:CPU") == "unseen_device"
     assert novelty_of_split("unseen_family") == "unseen_family"
     assert novelty_of_split("unseen_scale") == "unseen_scale"
-    assert novelty_of_split("unseen_strategy") is None and novelty_of_split("random") is None
+    # held-out strategies and fully sharded states are both combinations the training runs lacked
+    assert novelty_of_split("unseen_strategy") == "unseen_strategy"
+    assert novelty_of_split("unseen_sharding") == "unseen_strategy"
+    assert novelty_of_split("random") is None
 
 
 def _fitted(domain=None) -> ConformalInterval:
@@ -211,7 +214,7 @@ def test_iteration_model_records_the_measured_training_domain():
     runs = Runs(records, specs, [None] * n, [{}] * n, np.full(n, 100.0))
     model = IterationModel("simulator").fit(runs)
     dom = model.interval_.domain_
-    assert dom == TrainingDomain(("A100-SXM4-80GB",), ("gpt",), 8, 3)
+    assert dom == TrainingDomain(("A100-SXM4-80GB",), ("gpt",), 8, 3, ("dp",))
     assert model.interval_.novelties(specs) == [IN_DOMAIN] * 3 + ["unseen_device"]
 
 
@@ -240,3 +243,40 @@ def test_pooled_quantile_weighs_groups_not_runs():
     assert ci.bounds(None, "unseen_device")[1] == 1.0
     with pytest.raises(InputError, match="finite"):
         ConformalInterval().fit(np.ones(50), np.ones(50)).fit_novelty({"unseen_device": {"A": [np.inf]}})
+
+
+def _run(tp=1, pp=1, **strategy) -> RunSpec:
+    return RunSpec.from_dict({**A100_8, "strategy": {"tp": tp, "pp": pp, **strategy}})
+
+
+def test_strategy_signature_names_the_techniques_a_run_combines():
+    from learnedperf.data.records import spec_strategy_signature, strategy_signature
+
+    assert spec_strategy_signature(_run()) == "dp"
+    assert spec_strategy_signature(_run(2, 2, pipeline_schedule="interleaved", virtual_pipeline_stages=2,
+                                        zero_stage=1, global_batch_size=8)) == "tp+pp+interleaved+zero1"
+    assert spec_strategy_signature(_run(fsdp=True)) == "zero3"  # FSDP's FULL_SHARD is ZeRO-3
+    assert spec_strategy_signature(_run(fsdp=True, zero_stage=2)) == "zero2"
+    assert spec_strategy_signature(_run(8)) == "tp"  # one data-parallel rank: nothing more
+    assert strategy_signature(1, 1, 1, 1, 1, 0, "1f1b") == "single"
+    assert strategy_signature(2, 4, 2, 2, 4, 0, "1f1b") == "tp+pp+cp+ep+dp"  # sizes do not count
+
+
+def test_a_combination_of_techniques_no_measured_run_had_is_novel():
+    specs = [_run(), _run(2), _run(2, 2)]
+    records = pd.DataFrame([spec_columns(s, {"i": i}) for i, s in enumerate(specs[:2])])
+    dom = TrainingDomain.from_records(records)
+    assert dom.strategies == ("dp", "tp+dp")
+    assert [dom.novelty(s) for s in specs] == [IN_DOMAIN, IN_DOMAIN, "unseen_strategy"]
+    assert dom.novelty(_run(fsdp=True)) == "unseen_strategy"
+    # scale before strategy: a run beyond the measured scale is an unseen scale whatever its strategy
+    big = RunSpec.from_dict({**A100_8, "hardware": {"cluster": "dgx-a100", "num_devices": 16},
+                             "strategy": {"tp": 2, "pp": 2}})
+    assert dom.novelty(big) == "unseen_scale"
+    # the JSON round trip keeps the strategies; a domain written before them has none: nothing is novel by strategy
+    again = TrainingDomain.from_dict(json.loads(json.dumps(dom.to_dict())))
+    assert again == dom
+    older = {k: v for k, v in dom.to_dict().items() if k != "strategies"}
+    assert TrainingDomain.from_dict(older).novelty(_run(2, 2)) == IN_DOMAIN
+    with pytest.raises(InputError, match="'strategies' must be a list of strings"):
+        TrainingDomain.from_dict({**older, "strategies": "dp"})

@@ -130,6 +130,33 @@ def strategy_kind(strategy: Any) -> str:
     return kind(strategy)
 
 
+#: The record columns a run's :func:`strategy_signature` reads.
+STRATEGY_SIGNATURE_COLUMNS = ("tp", "pp", "dp", "cp", "ep", "effective_zero_stage", "pipeline_schedule")
+
+
+def strategy_signature(tp: int, pp: int, dp: int, cp: int, ep: int, zero_stage: int, schedule: str) -> str:
+    """The parallel techniques a run combines, in the terms of the held-out strategy and sharding splits
+    (:mod:`learnedperf.models.evaluate`): ``tp``, ``pp`` (and ``interleaved``), ``cp``, ``ep``, then how the
+    data-parallel ranks hold the states — ``zero3`` (ZeRO-3 or FSDP's FULL_SHARD), ``zero2``, ``zero1`` or
+    plain ``dp`` — joined with ``+`` in that order; ``single`` when nothing is split. Sizes do not count:
+    tp 2 and tp 8 combine the same techniques."""
+    parts = [name for name, n in (("tp", tp), ("pp", pp)) if n > 1]
+    if pp > 1 and schedule == "interleaved":
+        parts.append("interleaved")
+    parts += [name for name, n in (("cp", cp), ("ep", ep)) if n > 1]
+    if zero_stage >= 1:
+        parts.append(f"zero{min(int(zero_stage), 3)}")
+    elif dp > 1:
+        parts.append("dp")
+    return "+".join(parts) or "single"
+
+
+def spec_strategy_signature(spec: Any) -> str:
+    """:func:`strategy_signature` of a :class:`~learnedperf.specs.RunSpec` (what its record's columns give)."""
+    s = spec.strategy
+    return strategy_signature(s.tp, s.pp, s.dp, s.cp, s.ep, s.effective_zero_stage, s.pipeline_schedule)
+
+
 #: The record columns that place a run in or out of a training domain: the columns the held-out
 #: splits over family, device and scale read (:mod:`learnedperf.data.splits`,
 #: :mod:`learnedperf.models.evaluate`) and :class:`learnedperf.models.intervals.TrainingDomain` compares.
@@ -290,6 +317,6 @@ def records_table(records: list[dict]):
     return pa.Table.from_arrays(cols, schema=schema)
 
 
-__all__ = ["DOMAIN_COLUMNS", "RECORD_COLUMNS", "SCHEMA_VERSION", "SOURCES", "arrow_schema", "check_record",
-           "cost_model_version", "domain_columns", "measured_record", "records_table", "simulated_record",
-           "spec_columns", "strategy_kind"]
+__all__ = ["DOMAIN_COLUMNS", "RECORD_COLUMNS", "SCHEMA_VERSION", "SOURCES", "STRATEGY_SIGNATURE_COLUMNS",
+           "arrow_schema", "check_record", "cost_model_version", "domain_columns", "measured_record", "records_table",
+           "simulated_record", "spec_columns", "spec_strategy_signature", "strategy_kind", "strategy_signature"]

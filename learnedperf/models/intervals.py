@@ -15,8 +15,8 @@ never seen or seen fewer than ``min_group_size`` times. The interval always cont
 the point prediction (``q_lo <= 0 <= q_hi``): widening only adds coverage.
 
 Out of its training domain a model errs more than on the held-out runs of its own domain:
-a run on a device, of a model family or at a scale that no measured training run had gets
-an interval calibrated on in-domain errors — too narrow. So the interval also knows the
+a run on a device, of a model family, at a scale or combining parallel techniques that no
+measured training run had gets an interval calibrated on in-domain errors — too narrow. So the interval also knows the
 :class:`TrainingDomain` (what the measured training runs covered) and holds one pair of
 *novelty* quantiles per out-of-domain class (:data:`NOVELTY_CLASSES`), calibrated on
 leave-domain-out residuals: the test-side predictions of the ``unseen_*`` splits of an
@@ -39,12 +39,18 @@ POOLED = "*"
 """Group key of the quantiles pooled over every calibration run."""
 
 IN_DOMAIN = "in_domain"
-"""Novelty class of a run like the measured training runs (same device, family, no more devices)."""
+"""Novelty class of a run like the measured training runs (same device, family, no more devices, a
+combination of parallel techniques they had)."""
 
-NOVELTY_CLASSES = ("unseen_device", "unseen_family", "unseen_scale")
-"""Out-of-domain classes, in the precedence of :meth:`TrainingDomain.novelty`: the one with the widest
-error in the leave-out evaluation first (an unseen device, then an unseen family, then an unseen scale).
-Each is the name (or the prefix before ``:``) of the evaluation splits that reproduce it."""
+NOVELTY_CLASSES = ("unseen_device", "unseen_family", "unseen_scale", "unseen_strategy")
+"""Out-of-domain classes, in the precedence of :meth:`TrainingDomain.novelty`: an unseen device, family or
+scale first (the widest errors in the leave-out evaluation), an unseen combination of parallel techniques
+last. Each is the name (or the prefix before ``:``) of the evaluation splits that reproduce it; the
+``unseen_sharding`` split reproduces ``unseen_strategy`` too (:data:`SPLIT_CLASS`)."""
+
+SPLIT_CLASS = {"unseen_sharding": "unseen_strategy"}
+"""Evaluation splits named otherwise than the novelty class they reproduce: fully sharded states held out
+are a combination of techniques the training runs lacked."""
 
 
 def conformal_quantile(residuals: Any, level: float) -> float:
@@ -101,6 +107,7 @@ def novelty_of_split(split: str) -> Optional[str]:
     """The novelty class an evaluation split reproduces (``"unseen_device:CPU"`` → ``"unseen_device"``),
     or None for a split that holds out something else (strategy, sharding, a random share)."""
     base = str(split).split(":", 1)[0]
+    base = SPLIT_CLASS.get(base, base)
     return base if base in NOVELTY_CLASSES else None
 
 
@@ -139,20 +146,26 @@ class TrainingDomain:
     The three notions are those of the held-out evaluation splits (:mod:`learnedperf.models.evaluate`),
     read from the same record columns (:data:`learnedperf.data.records.DOMAIN_COLUMNS`): a device is its
     ``device_type`` (a synthetic device counts as its catalog base), a family is the model's ``arch``,
-    and scale is ``num_devices``. Only *measured* runs count: the interval calibrates measured errors,
-    and simulated runs on a device say nothing about how the model errs on the real one.
+    and scale is ``num_devices``; a strategy is the combination of parallel techniques of
+    :func:`~learnedperf.data.records.strategy_signature`. Only *measured* runs count: the interval
+    calibrates measured errors, and simulated runs on a device say nothing about how the model errs on
+    the real one.
 
     Attributes:
         devices: device types of the measured training runs (sorted).
         families: model families (``arch``) of the measured training runs (sorted).
         max_num_devices: the most devices of a measured training run.
         n_runs: how many measured training runs the domain describes.
+        strategies: strategy signatures of the measured training runs (sorted), or None where they were
+            not recorded (a domain of records without strategy columns, or of a checkpoint from before):
+            then no run is novel by its strategy.
     """
 
     devices: tuple[str, ...]
     families: tuple[str, ...]
     max_num_devices: int
     n_runs: int
+    strategies: Optional[tuple[str, ...]] = None
 
     @property
     def device_classes(self) -> tuple[str, ...]:
@@ -164,23 +177,28 @@ class TrainingDomain:
     @classmethod
     def from_records(cls, records: Any) -> "TrainingDomain":
         """The domain of ``records``: a DataFrame of the measured training runs (record columns)."""
-        from ..data.records import DOMAIN_COLUMNS
+        from ..data.records import DOMAIN_COLUMNS, STRATEGY_SIGNATURE_COLUMNS, strategy_signature
 
         missing = [c for c in DOMAIN_COLUMNS if c not in records.columns]
         if missing:
             raise InputError(f"training domain: the records lack column(s) {missing}")
         if len(records) == 0:
             raise InputError("training domain: no measured training run")
+        strategies = None
+        if all(c in records.columns for c in STRATEGY_SIGNATURE_COLUMNS):
+            strategies = tuple(sorted({strategy_signature(*(row[c] for c in STRATEGY_SIGNATURE_COLUMNS))
+                                       for _, row in records[list(STRATEGY_SIGNATURE_COLUMNS)].iterrows()}))
         return cls(tuple(sorted({str(d) for d in records["device_type"]})),
-                   tuple(sorted({str(a) for a in records["arch"]})), int(records["num_devices"].max()), len(records))
+                   tuple(sorted({str(a) for a in records["arch"]})), int(records["num_devices"].max()), len(records),
+                   strategies)
 
     def novelty(self, spec: Any) -> str:
         """:data:`IN_DOMAIN` or the :data:`NOVELTY_CLASSES` entry of a :class:`~learnedperf.specs.RunSpec`.
 
         When several apply, the first of :data:`NOVELTY_CLASSES` wins — device, then family, then
-        scale — the order of their errors in the leave-out evaluation (an unseen device errs most).
+        scale, then strategy — the order of their errors in the leave-out evaluation (an unseen device errs most).
         """
-        from ..data.records import domain_columns
+        from ..data.records import domain_columns, spec_strategy_signature
 
         cols = domain_columns(spec)
         if cols["device_type"] not in self.devices:
@@ -189,12 +207,17 @@ class TrainingDomain:
             return "unseen_family"
         if cols["num_devices"] > self.max_num_devices:
             return "unseen_scale"
+        if self.strategies is not None and spec_strategy_signature(spec) not in self.strategies:
+            return "unseen_strategy"
         return IN_DOMAIN
 
     def to_dict(self) -> dict:
         """JSON-compatible description (``device_classes`` is informative: :meth:`from_dict` derives it)."""
-        return {"devices": list(self.devices), "device_classes": list(self.device_classes),
-                "families": list(self.families), "max_num_devices": self.max_num_devices, "n_runs": self.n_runs}
+        out = {"devices": list(self.devices), "device_classes": list(self.device_classes),
+               "families": list(self.families), "max_num_devices": self.max_num_devices, "n_runs": self.n_runs}
+        if self.strategies is not None:
+            out["strategies"] = list(self.strategies)
+        return out
 
     @classmethod
     def from_dict(cls, data: Any) -> "TrainingDomain":
@@ -216,8 +239,13 @@ class TrainingDomain:
                 raise InputError(f"training domain lacks key {key!r}")
             if not ok(data[key]):
                 raise InputError(f"training domain: {key!r} must be {what}, got {data[key]!r}")
+        # optional: a checkpoint from before strategies were recorded has none (no run is novel by strategy)
+        strategies = data.get("strategies")
+        if strategies is not None and not names(strategies):
+            raise InputError(f"training domain: 'strategies' must be a list of strings, got {strategies!r}")
         return cls(tuple(sorted(set(data["devices"]))), tuple(sorted(set(data["families"]))),
-                   data["max_num_devices"], data["n_runs"])
+                   data["max_num_devices"], data["n_runs"],
+                   None if strategies is None else tuple(sorted(set(strategies))))
 
 
 class ConformalInterval:
@@ -407,5 +435,5 @@ class ConformalInterval:
         return obj
 
 
-__all__ = ["ConformalInterval", "IN_DOMAIN", "NOVELTY_CLASSES", "POOLED", "TrainingDomain", "conformal_log_bounds",
-           "conformal_quantile", "novelty_of_split", "pooled_conformal_quantile"]
+__all__ = ["ConformalInterval", "IN_DOMAIN", "NOVELTY_CLASSES", "POOLED", "SPLIT_CLASS", "TrainingDomain",
+           "conformal_log_bounds", "conformal_quantile", "novelty_of_split", "pooled_conformal_quantile"]
