@@ -104,8 +104,8 @@ def pooled_conformal_quantile(groups: Any, level: float) -> float:
 
 
 def novelty_of_split(split: str) -> Optional[str]:
-    """The novelty class an evaluation split reproduces (``"unseen_device:CPU"`` → ``"unseen_device"``),
-    or None for a split that holds out something else (strategy, sharding, a random share)."""
+    """The novelty class an evaluation split reproduces (``"unseen_device:CPU"`` → ``"unseen_device"``,
+    ``"unseen_sharding"`` → ``"unseen_strategy"``), or None for a split of in-domain runs (a random share)."""
     base = str(split).split(":", 1)[0]
     base = SPLIT_CLASS.get(base, base)
     return base if base in NOVELTY_CLASSES else None
@@ -143,7 +143,7 @@ def _checked_pair(what: str, q: Any) -> dict:
 class TrainingDomain:
     """What the measured training runs of a model covered: the yardstick of :meth:`novelty`.
 
-    The three notions are those of the held-out evaluation splits (:mod:`learnedperf.models.evaluate`),
+    The four notions are those of the held-out evaluation splits (:mod:`learnedperf.models.evaluate`),
     read from the same record columns (:data:`learnedperf.data.records.DOMAIN_COLUMNS`): a device is its
     ``device_type`` (a synthetic device counts as its catalog base), a family is the model's ``arch``,
     and scale is ``num_devices``; a strategy is the combination of parallel techniques of
