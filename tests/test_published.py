@@ -669,3 +669,16 @@ def test_top_k_experts_is_not_the_expert_count(tmp_path):
                                                   "notes": "16 experts"}))
     ((_, why),) = got.skipped
     assert "BERT-style (bidirectional) mixture of experts" in why
+
+
+@pytest.mark.parametrize("gpu_type, interconnect, inter_GBps", [
+    # "24xlarge" is an instance type, not 24 NICs: the catalog's p4d figure stays (its 4 x 100 Gb/s EFA)
+    ("A100 SXM4 40GB", "AWS p4d.24xlarge 400 Gbps EFA", None),
+    # the rate first: 4 NICs of 200 Gb/s for 8 GPUs = 12.5 GB/s each
+    ("H100 SXM5 80GB", "200 Gb/s x 4 per node", 12.5),
+])
+def test_nic_counts_are_numbers_of_their_own(tmp_path, gpu_type, interconnect, inter_GBps):
+    got = load_published(_hybrid_table(tmp_path, {"num_gpus": "64", "gpu_type": gpu_type,
+                                                  "interconnect": interconnect}))
+    (m,) = got.runs
+    assert m.run["hardware"].get("inter_node_bandwidth_GBps") == inter_GBps

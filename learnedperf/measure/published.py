@@ -85,8 +85,10 @@ _TRUE = {"yes", "y", "true", "1", "on", "sp"}
 _FALSE = {"", "no", "n", "false", "0", "off", "none", "-", "n/a", "na"}
 
 # "8x 200Gb/s", "8 × 400 Gbps", "4x HDR 200 Gb/s", "8x400G RoCE", "8x 200GbE": compute-fabric NICs per node
-# and their rate (case-sensitive: "GB/s" is bytes, an NVLink figure, not a NIC rate)
-_NICS = re.compile(r"(\d+)\s*[xX×]\s*(?:[A-Za-z-]+\s+)?(\d+(?:\.\d+)?)\s*G(?:b|bit)?(?:/s|ps|E)?\b")
+# and their rate (case-sensitive: "GB/s" is bytes, an NVLink figure, not a NIC rate); the count is a number of
+# its own, not the "24" of an instance type "p4d.24xlarge". Or the rate first: "400Gb/s x 8".
+_NICS = re.compile(r"(?<![\w.])(\d+)\s*[xX×](?![a-z])\s*(?:[A-Za-z-]+\s+)?(\d+(?:\.\d+)?)\s*G(?:b|bit)?(?:/s|ps|E)?\b")
+_NICS_RATE_FIRST = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)\s*G(?:b|bit)?(?:/s|ps|E)?\s*[xX×]\s*(\d+)\b")
 
 
 @dataclass(frozen=True)
@@ -403,9 +405,13 @@ def _hardware(row: dict, device: str, num_gpus: int, assumed: list) -> tuple[dic
         hw = {"device": device, "num_devices": num_gpus}
         entry = get_device(device)
         per_node, catalog_inter = entry.get("devices_per_node") or 1, entry.get("inter_node_bandwidth_GBps")
-    m = _NICS.search(_cell(row, "interconnect"))
-    if m and num_gpus > per_node:
-        stated = int(m.group(1)) * float(m.group(2)) * 0.125 / per_node  # 1 Gb/s = 0.125 GB/s
+    text = _cell(row, "interconnect")
+    m = _NICS.search(text)
+    nics = (int(m.group(1)), float(m.group(2))) if m else None
+    if nics is None and (m := _NICS_RATE_FIRST.search(text)):
+        nics = (int(m.group(2)), float(m.group(1)))
+    if nics and num_gpus > per_node:
+        stated = nics[0] * nics[1] * 0.125 / per_node  # 1 Gb/s = 0.125 GB/s
         if catalog_inter is None or abs(stated / catalog_inter - 1) > 0.01:
             hw["inter_node_bandwidth_GBps"] = round(stated, 4)
     elif num_gpus > per_node and catalog_inter is None:
