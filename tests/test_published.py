@@ -682,3 +682,11 @@ def test_nic_counts_are_numbers_of_their_own(tmp_path, gpu_type, interconnect, i
                                                   "interconnect": interconnect}))
     (m,) = got.runs
     assert m.run["hardware"].get("inter_node_bandwidth_GBps") == inter_GBps
+
+
+def test_a_node_total_rate_sets_the_inter_node_bandwidth(tmp_path):
+    # the L40S has no catalog cluster: 400 Gb/s per node of 8 GPUs is 6.25 GB/s each
+    got = load_published(_hybrid_table(tmp_path, {"num_gpus": "16", "gpu_type": "L40S",
+                                                  "interconnect": "400 Gb/s per node"}))
+    (m,) = got.runs
+    assert m.run["hardware"]["inter_node_bandwidth_GBps"] == pytest.approx(400 * 0.125 / 8)

@@ -89,6 +89,9 @@ _FALSE = {"", "no", "n", "false", "0", "off", "none", "-", "n/a", "na"}
 # its own, not the "24" of an instance type "p4d.24xlarge". Or the rate first: "400Gb/s x 8".
 _NICS = re.compile(r"(?<![\w.])(\d+)\s*[xX×](?![a-z])\s*(?:[A-Za-z-]+\s+)?(\d+(?:\.\d+)?)\s*G(?:b|bit)?(?:/s|ps|E)?\b")
 _NICS_RATE_FIRST = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)\s*G(?:b|bit)?(?:/s|ps|E)?\s*[xX×]\s*(\d+)\b")
+# or a node's total: "3.2 Tbps per node", "3200 Gbps EFA" (AWS states an instance's EFA bandwidth so)
+_NODE_RATE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)\s*([TG])(?:b|bit)(?:/s|ps)"
+                        r"\s*(?:per\s+(?:node|instance)|/\s*node|efa)", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -410,13 +413,15 @@ def _hardware(row: dict, device: str, num_gpus: int, assumed: list) -> tuple[dic
     nics = (int(m.group(1)), float(m.group(2))) if m else None
     if nics is None and (m := _NICS_RATE_FIRST.search(text)):
         nics = (int(m.group(2)), float(m.group(1)))
+    if nics is None and (m := _NODE_RATE.search(text)):
+        nics = (1, float(m.group(1)) * (1000.0 if m.group(2).upper() == "T" else 1.0))
     if nics and num_gpus > per_node:
         stated = nics[0] * nics[1] * 0.125 / per_node  # 1 Gb/s = 0.125 GB/s
         if catalog_inter is None or abs(stated / catalog_inter - 1) > 0.01:
             hw["inter_node_bandwidth_GBps"] = round(stated, 4)
     elif num_gpus > per_node and catalog_inter is None:
         raise _Skip(f"{num_gpus} GPUs span nodes of {per_node} but neither the interconnect text "
-                    "('N x R Gb/s' per node) nor the catalog gives the inter-node bandwidth")
+                    "('N x R Gb/s', or 'R Gb/s per node') nor the catalog gives the inter-node bandwidth")
     return hw, per_node
 
 
