@@ -690,3 +690,19 @@ def test_a_node_total_rate_sets_the_inter_node_bandwidth(tmp_path):
                                                   "interconnect": "400 Gb/s per node"}))
     (m,) = got.runs
     assert m.run["hardware"]["inter_node_bandwidth_GBps"] == pytest.approx(400 * 0.125 / 8)
+
+
+@pytest.mark.parametrize("num_gpus, tokens", [("16 (2 nodes)", "~4,000"), ("16", "≈ 4000"),
+                                              ("16 ", "4000 (measured)")])
+def test_numbers_with_a_remark_or_approximate_are_read(tmp_path, num_gpus, tokens):
+    got = load_published(_hybrid_table(tmp_path, {"num_gpus": num_gpus, "iteration_time_s": "",
+                                                  "tokens_per_sec_per_gpu": tokens}))
+    (m,) = got.runs
+    assert m.run["hardware"]["num_devices"] == 16
+    assert m.iteration_time_ms == pytest.approx(16 * 2048 / (4000 * 16) * 1e3)  # 16 sequences of 2,048 tokens
+
+
+def test_a_field_that_is_no_number_still_names_itself(tmp_path):
+    got = load_published(_hybrid_table(tmp_path, {"num_gpus": "sixteen"}))
+    ((_, why),) = got.skipped
+    assert why == "field 'num_gpus': 'sixteen' is not a number"

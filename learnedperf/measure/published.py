@@ -124,8 +124,10 @@ def _cell(row: dict, key: str) -> str:
 
 
 def _number(row: dict, key: str) -> Optional[float]:
-    """The number in ``key`` (None when blank); ``1,024`` and ``2.0`` are read as numbers."""
-    text = _cell(row, key).replace(",", "").replace("_", "").removesuffix("%").strip()
+    """The number in ``key`` (None when blank); ``1,024`` and ``2.0`` are read as numbers, and so are a number
+    followed by a remark in brackets (``512 (64 nodes)``) and an approximate one (``~3000``, ``≈ 40``)."""
+    text = re.sub(r"\s*\([^()]*\)\s*$", "", _cell(row, key))  # "512 (64 nodes)": the remark is no number
+    text = text.replace(",", "").replace("_", "").removesuffix("%").strip().lstrip("~≈").strip()
     if text.lower() in ("", "-", "n/a", "na", "none", "?"):
         return None
     try:
