@@ -280,3 +280,19 @@ def test_a_combination_of_techniques_no_measured_run_had_is_novel():
     assert TrainingDomain.from_dict(older).novelty(_run(2, 2)) == IN_DOMAIN
     with pytest.raises(InputError, match="'strategies' must be a list of strings"):
         TrainingDomain.from_dict({**older, "strategies": "dp"})
+
+
+def test_a_run_new_in_several_respects_gets_the_wider_side_of_each(domain):
+    # device pair wide below, scale pair wide above: a run on an unseen device at an unseen scale gets both
+    ci = _fitted(domain).fit_novelty({"unseen_device": np.linspace(-0.6, 0.2, 19),
+                                      "unseen_scale": np.linspace(-0.2, 0.7, 19)})
+    both = spec(cluster="dgx-h100", num_devices=64)
+    assert domain.novelty_classes(both) == ("unseen_device", "unseen_scale")
+    assert domain.novelty(both) == "unseen_device"  # the first, as before
+    lo, hi = ci.interval_for_specs([100.0], [both])
+    assert lo[0] == pytest.approx(100 * math.exp(-0.6)) and hi[0] == pytest.approx(100 * math.exp(0.7))
+    assert ci.bounds("accelerator", ("unseen_device", "unseen_scale")) == (pytest.approx(-0.6), pytest.approx(0.7))
+    assert ci.bounds("accelerator", ()) == ci.bounds("accelerator")  # no class: the in-domain pair
+    assert domain.novelty_classes(spec()) == ()
+    with pytest.raises(InputError, match="unseen_moon"):
+        ci.bounds("accelerator", ("unseen_scale", "unseen_moon"))

@@ -22,7 +22,8 @@ measured training run had gets an interval calibrated on in-domain errors — to
 leave-domain-out residuals: the test-side predictions of the ``unseen_*`` splits of an
 evaluation report, where a model that never saw that device, family or scale predicted it
 (:func:`learnedperf.models.evaluate.novelty_residuals`). A novel run's interval is the
-wider of its novelty pair and its device-class pair, so novelty only ever widens.
+widest of its device-class pair and the pairs of every novelty class that applies to it, so
+novelty only ever widens.
 
 State is plain numbers: :meth:`ConformalInterval.to_dict` / :meth:`from_dict` are JSON.
 """
@@ -193,23 +194,28 @@ class TrainingDomain:
                    strategies)
 
     def novelty(self, spec: Any) -> str:
-        """:data:`IN_DOMAIN` or the :data:`NOVELTY_CLASSES` entry of a :class:`~learnedperf.specs.RunSpec`.
+        """:data:`IN_DOMAIN` or the first :data:`NOVELTY_CLASSES` entry that applies to a
+        :class:`~learnedperf.specs.RunSpec` (:meth:`novelty_classes`): device, then family, then scale, then
+        strategy — the order of their errors in the leave-out evaluation (an unseen device errs most)."""
+        classes = self.novelty_classes(spec)
+        return classes[0] if classes else IN_DOMAIN
 
-        When several apply, the first of :data:`NOVELTY_CLASSES` wins — device, then family, then
-        scale, then strategy — the order of their errors in the leave-out evaluation (an unseen device errs most).
-        """
+    def novelty_classes(self, spec: Any) -> tuple[str, ...]:
+        """Every :data:`NOVELTY_CLASSES` entry that applies to a :class:`~learnedperf.specs.RunSpec`, in that
+        order (empty in the domain): a run on an unseen device at an unseen scale is both."""
         from ..data.records import domain_columns, spec_strategy_signature
 
         cols = domain_columns(spec)
+        found = []
         if cols["device_type"] not in self.devices:
-            return "unseen_device"
+            found.append("unseen_device")
         if cols["arch"] not in self.families:
-            return "unseen_family"
+            found.append("unseen_family")
         if cols["num_devices"] > self.max_num_devices:
-            return "unseen_scale"
+            found.append("unseen_scale")
         if self.strategies is not None and spec_strategy_signature(spec) not in self.strategies:
-            return "unseen_strategy"
-        return IN_DOMAIN
+            found.append("unseen_strategy")
+        return tuple(found)
 
     def to_dict(self) -> dict:
         """JSON-compatible description (``device_classes`` is informative: :meth:`from_dict` derives it)."""
@@ -340,22 +346,25 @@ class ConformalInterval:
         if not hasattr(self, "quantiles_"):
             raise InputError("ConformalInterval is not fitted: call fit() or from_dict() first")
 
-    def bounds(self, group: Optional[str] = None, novelty: str = IN_DOMAIN) -> tuple[float, float]:
+    def bounds(self, group: Optional[str] = None, novelty: Any = IN_DOMAIN) -> tuple[float, float]:
         """``(log_lower, log_upper)`` of ``group`` (the pooled pair if the group has none); for an
-        out-of-domain ``novelty`` class, widened to that class's pair where it has one (never narrowed)."""
+        out-of-domain ``novelty`` class — or several, a tuple of classes — widened to each class's pair
+        where it has one (never narrowed): a run new in two respects gets the wider side of both."""
         self._check_fitted()
         q = self.quantiles_.get(str(group)) if group is not None else None
         q = q or self.quantiles_[POOLED]
-        if novelty != IN_DOMAIN and novelty not in NOVELTY_CLASSES:
-            raise InputError(f"unknown novelty class {novelty!r}; known: {IN_DOMAIN}, {', '.join(NOVELTY_CLASSES)}")
-        nov = self.novelty_.get(novelty)
-        if nov is None:
-            return q["log_lower"], q["log_upper"]
-        return min(q["log_lower"], nov["log_lower"]), max(q["log_upper"], nov["log_upper"])
+        lo, hi = q["log_lower"], q["log_upper"]
+        for cls in (novelty,) if isinstance(novelty, str) else tuple(novelty):
+            if cls != IN_DOMAIN and cls not in NOVELTY_CLASSES:
+                raise InputError(f"unknown novelty class {cls!r}; known: {IN_DOMAIN}, {', '.join(NOVELTY_CLASSES)}")
+            nov = self.novelty_.get(cls)
+            if nov is not None:
+                lo, hi = min(lo, nov["log_lower"]), max(hi, nov["log_upper"])
+        return lo, hi
 
     def interval(self, pred_ms: Any, group: Optional[Any] = None, novelty: Optional[Any] = None):
         """``(lower_ms, upper_ms)`` arrays for predictions ``pred_ms`` (optionally with a group and a
-        novelty class per prediction; see :meth:`bounds`)."""
+        novelty class, or a tuple of classes, per prediction; see :meth:`bounds`)."""
         import numpy as np
 
         p = np.asarray(pred_ms, dtype=float)
@@ -363,7 +372,8 @@ class ConformalInterval:
             lo, hi = self.bounds(None)
             return p * math.exp(lo), p * math.exp(hi)
         g = np.full(len(p), None, dtype=object) if group is None else np.asarray(group, dtype=object)
-        v = np.full(len(p), IN_DOMAIN, dtype=object) if novelty is None else np.asarray(novelty, dtype=object)
+        # a list, not an array: equal-length tuples of classes would become a 2-D array
+        v = [IN_DOMAIN] * len(p) if novelty is None else list(novelty)
         for name, arr in (("group", g), ("novelty", v)):
             if len(arr) != len(p):
                 raise InputError(f"{name} ({len(arr)}) and predictions ({len(p)}) differ in length")
@@ -371,7 +381,8 @@ class ConformalInterval:
         return p * np.exp(b[:, 0]), p * np.exp(b[:, 1])
 
     def novelties(self, specs: Any) -> list:
-        """Novelty class of each :class:`~learnedperf.specs.RunSpec` (all :data:`IN_DOMAIN` without a domain)."""
+        """Novelty class of each :class:`~learnedperf.specs.RunSpec`, the first that applies
+        (all :data:`IN_DOMAIN` without a domain)."""
         self._check_fitted()
         if self.domain_ is None:
             return [IN_DOMAIN] * len(specs)
@@ -386,7 +397,10 @@ class ConformalInterval:
         specs = list(specs)
         # the device type, as the records' interval_group reads it (a synthetic device: its base)
         groups = [device_class(domain_columns(s)["device_type"]) for s in specs]
-        return self.interval(pred_ms, groups, self.novelties(specs))
+        # every class that applies widens: a run new in device and strategy gets the wider side of each
+        classes = ([self.domain_.novelty_classes(s) for s in specs] if self.domain_ is not None
+                   else [()] * len(specs))
+        return self.interval(pred_ms, groups, classes)
 
     def to_dict(self) -> dict:
         """JSON-compatible state (for a checkpoint manifest)."""
