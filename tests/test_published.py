@@ -387,7 +387,11 @@ def test_zero_plus_plus_is_not_hybrid_sharding(tmp_path, text):
     ("MI300X 192GB", "MI300X", False),
     ("A100-80G", "A100-SXM4-80GB", True),      # "80G": a memory size without the B
     ("A100 80G SXM", "A100-SXM4-80GB", False),
-    ("Nvidia Tesla A100", "A100-SXM4-80GB", False),  # vendor and brand words before the alias 'A100'
+    # vendor and brand words before the alias 'A100', which names one of four parts: as filled in as an SXM form
+    ("Nvidia Tesla A100", "A100-SXM4-80GB", True),
+    ("H100", "H100-SXM5-80GB", True),                 # the catalog's alias, but an H100 PCIe exists
+    ("A100-80GB", "A100-SXM4-80GB", True),            # an A100 80GB PCIe exists
+    ("NVIDIA H100 80GB HBM3", "H100-SXM5-80GB", False),  # nvidia-smi's name of the SXM part
     ("NVIDIA GH200", "GH200-96GB", False),
     ("GH200 96GB", "GH200-96GB", False),
 ])

@@ -319,6 +319,28 @@ def _die_or_package(package: str, die: str, gpu_type: str, assumed: list) -> str
     return die
 
 
+def _other_parts_it_could_name(name: str, text: str) -> list[str]:
+    """Catalog parts of ``name``'s chip other than ``name`` that agree with every memory size and form factor
+    ``text`` (a lower-case GPU name) states; dies of a package are not other parts."""
+    from ..catalog import get_device, names
+
+    toks = _tokens(text.replace("-", " "))
+    memory = {int(m) for m in _MEMORY.findall(text)}
+    # the words of the row that the part's name has ("rtx" and "4090" of "RTX 4090"): another part must have
+    # them all ("RTX 3090" has not)
+    stated = set(toks) & set(_tokens(name.replace("-", " ")))
+    out = []
+    for n in names("devices", sort=False):
+        parts = _tokens(n.replace("-", " "))
+        if n == name or not stated <= set(parts) or "gcd" in parts:
+            continue
+        if memory and get_device(n)["memory_GiB"] not in memory:
+            continue
+        if _form_agrees(_forms(toks), parts):
+            out.append(n)
+    return out
+
+
 def _device_name(gpu_type: str, assumed: list) -> str:
     """The catalog device a row's ``gpu_type`` names: its exact name or alias, else the one entry whose
     name shares the chip and every stated detail (memory, form factor); SXM where only that is left open.
@@ -344,6 +366,14 @@ def _device_name(gpu_type: str, assumed: list) -> str:
         die = f"{name}-GCD"
         if die in names("devices") and not _MEMORY.search(text):
             return _die_or_package(name, die, gpu_type, assumed)
+        # a device-query name ("NVIDIA H100 80GB HBM3" of nvidia-smi, "AMD Instinct MI300X") is one part's own
+        query_name = form == gpu_type and re.match(r"(?:nvidia|amd|tesla)\s", gpu_type, flags=re.I)
+        other = [] if query_name else _other_parts_it_could_name(name, text)
+        if other:
+            # a catalog alias such as "H100" or "A100" picks one part of the chip: as filled in as the SXM
+            # form that the token match below counts
+            assumed.append(f"device {name} for {gpu_type!r} (the catalog's part of that name; it could also name "
+                           f"{', '.join(other)})")
         return name
     want = set(_tokens(stripped.replace("-", " ")))
     # in catalog order, so that of equals the reference part comes first (the V100 SXM2 before the SXM3)
