@@ -710,3 +710,20 @@ def test_a_field_that_is_no_number_still_names_itself(tmp_path):
     got = load_published(_hybrid_table(tmp_path, {"num_gpus": "sixteen"}))
     ((_, why),) = got.skipped
     assert why == "field 'num_gpus': 'sixteen' is not a number"
+
+
+@pytest.mark.parametrize("name, catalog", [("Mixtral-8x7B-Instruct-v0.1", "mixtral-8x7b"),
+                                           ("Llama-2-7b-chat-hf", "llama-2-7b")])
+def test_a_release_of_a_catalog_model_has_its_architecture(tmp_path, name, catalog):
+    from learnedperf.catalog import get_model
+
+    ref = get_model(catalog)
+    got = load_published(_hybrid_table(tmp_path, {
+        "num_gpus": "8", "model": name, "num_layers": str(ref["num_layers"]), "hidden_size": str(ref["hidden_size"]),
+        "num_heads": str(ref["num_attention_heads"]), "vocab_size": ""}))
+    (m,) = got.runs
+    model = m.run["model"]
+    # the FFN, KV heads, experts and vocabulary the row leaves out are the catalog's, not a family default
+    for key in ("ffn_hidden_size", "num_kv_heads", "num_experts", "vocab_size"):
+        assert model.get(key, 1) == ref.get(key, 1), key
+    assert not [a for a in m.run["meta"]["assumed"] if "vocab" in a or "moe" in a or "experts" in a]
