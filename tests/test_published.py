@@ -727,3 +727,15 @@ def test_a_release_of_a_catalog_model_has_its_architecture(tmp_path, name, catal
     for key in ("ffn_hidden_size", "num_kv_heads", "num_experts", "vocab_size"):
         assert model.get(key, 1) == ref.get(key, 1), key
     assert not [a for a in m.run["meta"]["assumed"] if "vocab" in a or "moe" in a or "experts" in a]
+
+
+def test_an_unknown_models_filled_in_ffn_and_kv_heads_are_counted(tmp_path):
+    got = load_published(_hybrid_table(tmp_path, {"num_gpus": "8", "model": "Llama-like 7B", "num_layers": "32",
+                                                  "hidden_size": "4096", "num_heads": "32"}))
+    (m,) = got.runs
+    assumed = m.run["meta"]["assumed"]
+    # Llama's rule (Touvron et al. 2023): 2/3 of 4·4096, rounded up to a multiple of 256 = 11,008
+    assert "ffn_hidden_size 11008 (SwiGLU: 2/3 of 4h, a multiple of 256: the row states none)" in assumed
+    assert "num_kv_heads 32 (one per attention head: the row states none)" in assumed
+    got = load_published(_hybrid_table(tmp_path, {"num_gpus": "8", "ffn_hidden_size": "8192", "num_kv_heads": "16"}))
+    assert not [a for a in got.runs[0].run["meta"]["assumed"] if a.startswith(("ffn_hidden_size", "num_kv_heads"))]

@@ -218,6 +218,18 @@ def _model(row: dict, assumed: list, warnings: list) -> dict:
         named = next(((v, who) for pattern, v, who in _NAMED_VOCAB if pattern.search(name.lower())), None)
         model["vocab_size"], tokenizer = named or (_FAMILY_VOCAB[family], f"{family} family")
         assumed.append(f"vocab_size {model['vocab_size']} ({tokenizer}'s tokenizer)")
+    # what ModelSpec fills in for a model the catalog does not know, said as filled in
+    from ..specs import ModelSpec
+
+    try:
+        filled = ModelSpec.model_validate({k: v for k, v in model.items() if k != "name"})
+    except (LearnedPerfError, ValueError):
+        return model  # an inconsistent architecture: RunSpec.from_dict skips the row naming the field
+    if columns["ffn_hidden_size"] is None:
+        rule = "SwiGLU: 2/3 of 4h, a multiple of 256" if filled.activation == "swiglu" else "4h"
+        assumed.append(f"ffn_hidden_size {filled.ffn_hidden_size} ({rule}: the row states none)")
+    if columns["num_kv_heads"] is None:
+        assumed.append(f"num_kv_heads {filled.num_kv_heads} (one per attention head: the row states none)")
     return model
 
 
