@@ -73,9 +73,9 @@ _FAMILY_VOCAB = {"gpt": 51200, "llama": 32000, "moe": 32000, "bert": 30522}
 # arXiv 2407.21783: 128K tokens; the config.json of every Llama 3.x), Gemma's 256,000 (Gemma Team 2024,
 # arXiv 2403.08295, §2)
 _NAMED_VOCAB = ((re.compile(r"llama[\s_-]*3"), 128256, "Llama 3"), (re.compile(r"gemma"), 256000, "Gemma"))
-# words after a model's name that name a release of the same architecture: tuned, chat and base releases,
-# HuggingFace's "-hf" conversions, version tags
-_RELEASE_SUFFIX = re.compile(r"(?:[\s_-]+(?:instruct|chat|base|hf|it|sft|dpo|rlhf|v\d+(?:\.\d+)*))+$", re.IGNORECASE)
+# words after a model's name that name a release of the same architecture: tuned and chat releases,
+# HuggingFace's "-hf" conversions, version tags (not "base": "BERT base" is a size, not a release)
+_RELEASE_SUFFIX = re.compile(r"(?:[\s_-]+(?:instruct|chat|hf|it|sft|dpo|rlhf|v\d+(?:\.\d+)*))+$", re.IGNORECASE)
 # encoder-decoder models: ModelSpec has one stack, and a table's num_layers does not say how they split (the
 # Switch Transformers are T5s: Fedus et al. 2021, arXiv 2101.03961, §3)
 _ENCODER_DECODER = re.compile(r"\b(?:m|flan-|byt)?t5\b|\bbart\b|\bul2\b|\bpegasus\b|encoder[\s-]decoder|\bnllb\b"
