@@ -486,7 +486,8 @@ def _table(pred: dict, run: Any) -> str:
         ("run", f"{run.model.name} (seq {run.model.seq_length}) on {hw.num_devices} x {hw.device.name}{where}"),
         ("strategy", ", ".join(knobs)),
         ("iteration time", _ms(pred["iteration_time_ms"])),
-        ("90 % interval", " - ".join(_ms(v) for v in pred["interval_ms"])),
+        ("90 % interval", " - ".join(_ms(v) for v in pred["interval_ms"])
+         + (f" (widened: {', '.join(c.replace('_', ' ') for c in pred['novelty'])})" if pred.get("novelty") else "")),
         ("throughput", f"{pred['tokens_per_second']:,.0f} tokens/s, {pred['samples_per_second']:,.2f} samples/s"),
         ("TFLOP/s per device", f"{pred['tflops_per_device']:,.1f} (MFU {100 * pred['mfu']:.1f} %)"),
         ("peak memory", f"{mem:,.2f} GiB of {hw.device.memory_GiB:,.2f} GiB per device: {fits}"),

@@ -307,7 +307,8 @@ class Predictor:
         times = ck.surrogate.predict(X, analytic)
         shares = ck.surrogate.predict_shares(X)
         valid = [specs[i] for i in ok]
-        lo, hi = ck.interval.interval_for_specs(times, valid)
+        novelty = ck.interval.novelty_classes(valid)
+        lo, hi = ck.interval.interval_for_specs(times, valid, novelty)
         lo, hi = lo * math.exp(ck.surrogate_bounds[0]), hi * math.exp(ck.surrogate_bounds[1])
         source = ck.source + ":fast"
         for j, i in enumerate(ok):
@@ -328,6 +329,7 @@ class Predictor:
                 "fits_in_memory": mem_gib <= hw.device.memory_GiB,
                 "interval_ms": [float(lo[j]), float(hi[j])],
                 "interval_coverage": ck.interval.coverage,
+                "novelty": list(novelty[j]),
                 "source": source,
                 "method": ck.method,
                 "tier": "fast",
@@ -382,7 +384,8 @@ class Predictor:
             t = base
         if not (math.isfinite(t) and t > 0):
             raise InputError(f"checkpoint {ck.path.name}: the model produced an invalid time {t!r} for this run")
-        lo, hi = ck.interval.interval_for_specs([t], [spec])
+        novelty = ck.interval.novelty_classes([spec])
+        lo, hi = ck.interval.interval_for_specs([t], [spec], novelty)
         scale = t / base
         pred.update({
             "iteration_time_ms": t,
@@ -395,6 +398,7 @@ class Predictor:
             "simulator_iteration_time_ms": base,
             "interval_ms": [float(lo[0]), float(hi[0])],
             "interval_coverage": ck.interval.coverage,
+            "novelty": list(novelty[0]),
             "method": ck.method,
             "tier": "full",
         })

@@ -339,3 +339,11 @@ def test_installed_console_script(tmp_path):
     check_prediction(good)
     assert bad["line"] == 2 and bad["error"].startswith("line 2: hardware")
     assert "Traceback" not in proc.stderr
+
+
+def test_the_table_says_what_widened_the_interval(capsys):
+    # 64 H100s: a device and a scale the shipped checkpoint's measured runs never had
+    assert main(["predict", "--model", "gpt3-1.3b", "--cluster", "dgx-h100", "--num-devices", "64",
+                 "--global-batch-size", "64"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("90 % interval"))
+    assert line.endswith("(widened: unseen device, unseen scale)")

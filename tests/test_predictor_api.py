@@ -170,3 +170,16 @@ def test_spec_cache_resolves_once_and_never_caches_errors():
     cache.hardware({"cluster": "dgx-a100", "num_devices": 16})
     cache.hardware({"cluster": "dgx-a100", "num_devices": 32})
     assert len(cache._hardware) == 2  # bounded: the oldest entry went first
+
+
+def test_a_prediction_says_what_widened_its_interval(predictor):
+    # the shipped checkpoint's measured runs: vTrain's A100-SXM4-80GB steps on up to 8 GPUs (tp/pp/dp mixes)
+    h100 = {"model": "llama-2-7b", "hardware": {"cluster": "dgx-h100", "num_devices": 64},
+            "strategy": {"cp": 2, "global_batch_size": 64}}
+    for tier in ("fast", "full"):
+        near, far = predictor.predict(RUN, tier=tier), predictor.predict(h100, tier=tier)
+        assert near["novelty"] == []
+        assert far["novelty"] == ["unseen_device", "unseen_scale", "unseen_strategy"]
+        # each class widens: the far run's interval is relatively wider
+        width = [p["interval_ms"][1] / p["interval_ms"][0] for p in (near, far)]
+        assert width[1] > width[0]

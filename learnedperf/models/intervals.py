@@ -388,9 +388,18 @@ class ConformalInterval:
             return [IN_DOMAIN] * len(specs)
         return [self.domain_.novelty(s) for s in specs]
 
-    def interval_for_specs(self, pred_ms: Any, specs: Any):
+    def novelty_classes(self, specs: Any) -> list:
+        """Every novelty class that applies to each :class:`~learnedperf.specs.RunSpec` (a tuple per run,
+        empty in the domain or without one): what widens its interval."""
+        self._check_fitted()
+        if self.domain_ is None:
+            return [()] * len(specs)
+        return [self.domain_.novelty_classes(s) for s in specs]
+
+    def interval_for_specs(self, pred_ms: Any, specs: Any, classes: Optional[list] = None):
         """``(lower_ms, upper_ms)`` arrays for predictions ``pred_ms`` of the runs ``specs`` (RunSpecs):
-        the device-class group and, with a fitted domain, the novelty class of each run come from the run."""
+        the device-class group and, with a fitted domain, the novelty classes of each run come from the run
+        (``classes``: :meth:`novelty_classes` of ``specs``, if the caller has them)."""
         from ..data.records import domain_columns
         from .dataset import device_class
 
@@ -398,9 +407,7 @@ class ConformalInterval:
         # the device type, as the records' interval_group reads it (a synthetic device: its base)
         groups = [device_class(domain_columns(s)["device_type"]) for s in specs]
         # every class that applies widens: a run new in device and strategy gets the wider side of each
-        classes = ([self.domain_.novelty_classes(s) for s in specs] if self.domain_ is not None
-                   else [()] * len(specs))
-        return self.interval(pred_ms, groups, classes)
+        return self.interval(pred_ms, groups, self.novelty_classes(specs) if classes is None else classes)
 
     def to_dict(self) -> dict:
         """JSON-compatible state (for a checkpoint manifest)."""
