@@ -54,6 +54,8 @@ class RooflineCost(CostModel):
         self._floor = self.p.kernel_floor_us * 1e-6
         self._peak: dict[str, float] = {}
         self._cache: dict[Op, float] = {}
+        # the curve lookup of each op, once: LearnedOpCost asks has_curve before compute_time_s
+        self._curves: dict[Op, float | None] = {}
         intra = hardware.intra_node_bandwidth_GBps
         inter = hardware.inter_node_bandwidth_GBps
         self._bw_intra = (intra or 0.0) * 1e9 * self.p.link_efficiency_intra
@@ -93,7 +95,7 @@ class RooflineCost(CostModel):
         if cached is not None:
             return cached
         kind = op.kind
-        curve = self._curve(op)
+        curve = self._curve_of(op)
         if curve is not None:
             t = curve
         elif kind == "matmul":
@@ -121,7 +123,14 @@ class RooflineCost(CostModel):
 
     def has_curve(self, op: Op) -> bool:
         """Whether ``op`` is costed on the device's measured curves (``kernel_curves``, ``optimizer_step``)."""
-        return self._curve(op) is not None
+        return self._curve_of(op) is not None
+
+    def _curve_of(self, op: Op) -> float | None:
+        """:meth:`_curve` of ``op``, evaluated once per distinct op."""
+        if op in self._curves:
+            return self._curves[op]
+        value = self._curves[op] = self._curve(op)
+        return value
 
     def _curve(self, op: Op) -> float | None:
         """Seconds of ``op`` on the device's measured curves, or None when it has none for it."""
