@@ -739,3 +739,13 @@ def test_an_unknown_models_filled_in_ffn_and_kv_heads_are_counted(tmp_path):
     assert "num_kv_heads 32 (one per attention head: the row states none)" in assumed
     got = load_published(_hybrid_table(tmp_path, {"num_gpus": "8", "ffn_hidden_size": "8192", "num_kv_heads": "16"}))
     assert not [a for a in got.runs[0].run["meta"]["assumed"] if a.startswith(("ffn_hidden_size", "num_kv_heads"))]
+
+
+def test_megatron_flops_count_the_attention_width_of_heads_set_apart():
+    # Gemma 7B: 16 heads of 256 (4,096 wide) over hidden 3,072; every matmul 2·m·n·k per token, forward ×3
+    m = ModelSpec.parse({"arch": "llama", "num_layers": 28, "hidden_size": 3072, "num_attention_heads": 16,
+                         "num_kv_heads": 16, "head_dim": 256, "ffn_hidden_size": 24576, "vocab_size": 256000,
+                         "seq_length": 8192, "tie_embeddings": True})
+    h, q, s, l, f, V = 3072, 4096, 8192, 28, 24576, 256000
+    per_token_layer = 2 * h * 3 * q + 2 * q * h + 4 * s * q + 2 * 3 * h * f
+    assert megatron_flops(m, 1, False) == pytest.approx(3 * (l * per_token_layer + 2 * h * V) * s)

@@ -646,3 +646,46 @@ def test_consistent_strategies_always_parse(tp, pp, cp, mbs, k, give_dp, give_gb
     assert spec.strategy.global_batch_size == mbs * dp * (k if give_gbs else 1)
     assert spec.num_microbatches == (k if give_gbs else 1)
     assert roundtrip(spec) == spec
+
+
+# ------------------------------------------------------------------ heads wider than hidden_size / heads
+QWEN3_8B = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 4096,
+            "intermediate_size": 12288, "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 36,
+            "head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": False, "max_position_embeddings": 40960,
+            "hidden_act": "silu"}
+
+
+@pytest.mark.parametrize("config, total_B, active_B", [
+    # Qwen3 Technical Report (arXiv 2505.09388), Tables 1-2: 8.2B; 4.0B (tied head); 30.5B total, 3.3B activated
+    (QWEN3_8B, 8.2, 8.2),
+    ({**QWEN3_8B, "hidden_size": 2560, "intermediate_size": 9728, "tie_word_embeddings": True}, 4.0, 4.0),
+    ({**QWEN3_8B, "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
+      "num_key_value_heads": 4, "num_hidden_layers": 48, "moe_intermediate_size": 768, "num_experts": 128,
+      "num_experts_per_tok": 8, "decoder_sparse_step": 1, "mlp_only_layers": []}, 30.5, 3.3),
+    # Gemma (Gemma Team 2024, arXiv 2403.08295, Table 1 and 2): the 7B model has 8.54B parameters in all
+    ({"architectures": ["GemmaForCausalLM"], "model_type": "gemma", "hidden_size": 3072, "intermediate_size": 24576,
+      "num_attention_heads": 16, "num_key_value_heads": 16, "num_hidden_layers": 28, "head_dim": 256,
+      "vocab_size": 256000, "max_position_embeddings": 8192, "hidden_act": "gelu"}, 8.54, 8.54),
+])
+def test_a_head_dim_set_apart_counts_the_published_parameters(config, total_B, active_B):
+    m = RunSpec.from_dict(run({"hf_config": config, "seq_length": 4096})).model
+    assert m.head_dim == config["head_dim"] and m.attention_width == config["num_attention_heads"] * m.head_dim
+    # the reports give one decimal (two for Gemma), and count activated parameters their own way: within 2 %
+    assert m.num_params() / 1e9 == pytest.approx(total_B, rel=0.02)
+    assert m.num_active_params() / 1e9 == pytest.approx(active_B, rel=0.02)
+
+
+def test_head_dim_is_written_only_where_it_is_set_apart():
+    plain = ModelSpec.parse({"arch": "llama", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+                             "vocab_size": 100, "seq_length": 16})
+    assert plain.head_dim == 16 and "head_dim" not in plain.to_dict()  # runs and their ids as before
+    wide = ModelSpec.parse({**plain.to_dict(), "head_dim": 32})
+    assert wide.to_dict()["head_dim"] == 32 and ModelSpec.parse(wide.to_dict()) == wide
+    # the graph's attention is as wide as the heads: q, k, v of 4 heads of 32 (3·128 wide), the output
+    # projection from 128 back to 64, and 2·m·n·k FLOPs each
+    from learnedperf.graph.transformer import operator_graph
+
+    ops = {op.name: op for op in operator_graph(wide, batch=1).ops if op.phase == "fwd"}
+    qkv, proj = ops["layer.attn.qkv"], ops["layer.attn.proj"]
+    assert qkv.flops == 2 * 16 * (3 * 128) * 64 and proj.flops == 2 * 16 * 64 * 128
+    assert ops["layer.attn.core"].shape[-1] == 32

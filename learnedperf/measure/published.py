@@ -779,12 +779,12 @@ def megatron_flops(model: Any, global_batch_size: int, recompute_counted: bool) 
         recompute_counted: whether the rate being converted counts the recomputed forward.
     """
     h, s, l = model.hidden_size, model.seq_length, model.num_layers
-    kv = h // model.num_attention_heads * model.num_kv_heads
+    q, kv = model.attention_width, model.head_dim * model.num_kv_heads  # q = h unless head_dim is set apart
     mats = 3 if model.activation == "swiglu" else 2
     dense_mlp = 2 * mats * h * model.ffn_hidden_size
     moe_layers = l // model.moe_layer_frequency if model.num_experts > 1 else 0
     mlp = (l - moe_layers) * dense_mlp + moe_layers * dense_mlp * model.moe_top_k
-    layers_fwd = l * (2 * h * (h + 2 * kv) + 2 * h * h + 4 * s * h) + mlp
+    layers_fwd = l * (2 * h * (q + 2 * kv) + 2 * q * h + 4 * s * q) + mlp
     head_fwd = 2 * h * model.vocab_size
     return ((4 if recompute_counted else 3) * layers_fwd + 3 * head_fwd) * s * global_batch_size
 

@@ -64,6 +64,7 @@ def layer_activation_bytes(run) -> float:
     sp = s.sequence_parallel and t > 1
     T = b * seq
     kv_hd = m.num_kv_heads * m.head_dim
+    q_hd = m.attention_width  # hidden_size unless head_dim is set apart
     a = m.num_attention_heads
     dropout = m.arch in ("gpt", "bert")
     f = m.ffn_hidden_size * (m.moe_top_k if m.is_moe else 1)
@@ -71,9 +72,9 @@ def layer_activation_bytes(run) -> float:
         return T * h * er / (t if sp else 1)
     # tensors replicated across TP ranks unless sequence parallel: norm inputs, QKV and FC1 inputs, masks
     replicated = T * h * er * 2 + T * h * e * 2 + (2 * T * h if dropout else 0)
-    sharded = (T * (h + kv_hd) * e  # Q and K for the scores
+    sharded = (T * (q_hd + kv_hd) * e  # Q and K for the scores
                + T * kv_hd * e  # V
-               + T * h * e  # projection input (attention output)
+               + T * q_hd * e  # projection input (attention output)
                + T * f * e * (2 if m.activation == "swiglu" else 1)  # activation-function input
                + T * f * e)  # FC2 input
     scores = 0.0

@@ -6,8 +6,10 @@ One function, :func:`hf_config_to_arch`, maps the key names of each supported
 
 * decoders with learned or rotary positions: ``gpt2``, ``gptj``, ``gpt_neox``, ``opt`` → arch ``gpt``
 * encoders: ``bert``, ``roberta`` → arch ``bert``
-* gated-SiLU decoders: ``llama``, ``mistral``, ``qwen2`` → arch ``llama``
-* mixture of experts: ``mixtral`` and ``switch_transformers`` → arch ``moe``
+* gated decoders: ``llama``, ``mistral``, ``qwen2``, ``qwen3``, ``gemma`` → arch ``llama`` (an explicit
+  ``head_dim`` that differs from hidden_size / heads, as Qwen3's and Gemma's, is kept)
+* mixture of experts: ``mixtral``, ``qwen3_moe`` (experts of ``moe_intermediate_size``) and
+  ``switch_transformers`` → arch ``moe``
 
 A config without ``model_type`` is recognised from its ``architectures`` list,
 and failing that from the common key names (``hidden_size``/``n_embd``/``d_model``,
@@ -31,7 +33,10 @@ _MODEL_TYPES: dict[str, tuple[str, str]] = {
     "llama": ("llama", "llama"),
     "mistral": ("llama", "llama"),
     "qwen2": ("llama", "llama"),
+    "qwen3": ("llama", "llama"),
+    "gemma": ("llama", "gemma"),
     "mixtral": ("moe", "mixtral"),
+    "qwen3_moe": ("moe", "qwen3_moe"),
     "switch_transformers": ("moe", "switch"),
 }
 
@@ -39,6 +44,7 @@ _MODEL_TYPES: dict[str, tuple[str, str]] = {
 _ARCHITECTURE_PREFIXES: tuple[tuple[str, str], ...] = (
     ("GPT2", "gpt2"), ("GPTJ", "gptj"), ("GPTNeoX", "gpt_neox"), ("OPT", "opt"), ("Bert", "bert"),
     ("Roberta", "roberta"), ("Llama", "llama"), ("Mistral", "mistral"), ("Qwen2", "qwen2"),
+    ("Qwen3Moe", "qwen3_moe"), ("Qwen3", "qwen3"), ("GemmaFor", "gemma"),
     ("Mixtral", "mixtral"), ("SwitchTransformers", "switch_transformers"),
 )
 
@@ -211,19 +217,30 @@ def hf_config_to_arch(config: dict, seq_length: Optional[int], prefix: str) -> d
         out["causal"] = False
         out["position_embedding"] = "learned"
         out["tie_embeddings"] = _flag(config, prefix, "tie_word_embeddings", True)
-    else:  # llama, mistral, qwen2, mixtral
+    else:  # llama, mistral, qwen2, qwen3, gemma, mixtral, qwen3_moe
+        if family == "qwen3_moe":
+            # every layer a MoE layer of experts moe_intermediate_size wide (decoder_sparse_step 1, no
+            # mlp_only_layers); the run format has one FFN width, the experts'
+            if config.get("mlp_only_layers") or (config.get("decoder_sparse_step") or 1) != 1:
+                raise SpecError(f"{prefix}.hf_config.mlp_only_layers", "dense layers between the MoE layers "
+                                "(mlp_only_layers, decoder_sparse_step > 1) are not in the run format")
+            ffn = _get(config, prefix, "ffn_hidden_size", ("moe_intermediate_size",))
         if ffn is None:
             raise SpecError(f"{prefix}.hf_config.intermediate_size", "required key is missing")
         out["ffn_hidden_size"] = ffn
         out["num_kv_heads"] = _get(config, prefix, "num_kv_heads", required=False) or heads
-        # These families always gate their MLP (act(W1 x) * W3 x); the activation is SiLU in all
-        # released checkpoints.
-        out["activation"] = _activation(config, prefix, ("hidden_act",), "swiglu", gated=True)
+        head_dim = _get(config, prefix, "head_dim", ("head_dim",), required=False)
+        if head_dim is not None:
+            out["head_dim"] = head_dim
+        # These families always gate their MLP (act(W1 x) * W3 x): SiLU, or GELU in Gemma (GeGLU, the
+        # same cost).
+        out["activation"] = _activation(config, prefix, ("hidden_act", "hidden_activation"), "swiglu", gated=True)
         out["norm"] = "rmsnorm"
         out["causal"] = True
         out["position_embedding"] = "rope"
-        out["tie_embeddings"] = _flag(config, prefix, "tie_word_embeddings", False)
-        if family == "mixtral":
+        # Gemma ties its LM head to the embedding
+        out["tie_embeddings"] = _flag(config, prefix, "tie_word_embeddings", family == "gemma")
+        if family in ("mixtral", "qwen3_moe"):
             out["num_experts"] = _get(config, prefix, "num_experts",
                                       ("num_local_experts", "num_experts"))
             out["moe_top_k"] = _get(config, prefix, "moe_top_k",

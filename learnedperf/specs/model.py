@@ -48,6 +48,8 @@ class ModelSpec(Spec):
     hidden_size: int = Field(ge=1)
     num_attention_heads: int = Field(ge=1)
     num_kv_heads: int = Field(ge=1)
+    head_dim: int = Field(ge=1, description="width of one attention head; default hidden_size / heads "
+                                            "(Qwen3 and Gemma set it apart)")
     ffn_hidden_size: int = Field(ge=1)
     vocab_size: int = Field(ge=1)
     seq_length: int = Field(ge=1)
@@ -74,6 +76,8 @@ class ModelSpec(Spec):
         heads = out.get("num_attention_heads")
         if "num_kv_heads" not in out and heads is not None:
             out["num_kv_heads"] = heads
+        if "head_dim" not in out and isinstance(h, int) and isinstance(heads, int) and heads > 0:
+            out["head_dim"] = h // heads
         if "ffn_hidden_size" not in out and isinstance(h, int):
             out["ffn_hidden_size"] = _llama_ffn(h) if out.get("activation") == "swiglu" else 4 * h
         if arch == "moe":
@@ -97,11 +101,20 @@ class ModelSpec(Spec):
                                   f"moe_top_k={self.moe_top_k} exceeds num_experts={self.num_experts}")
         return self
 
+    def to_dict(self) -> dict:
+        """JSON-compatible dict; ``head_dim`` only where it is not ``hidden_size / heads``, so that a run
+        written before the field existed serialises (and hashes) as it did."""
+        out = super().to_dict()
+        if out.get("head_dim") == self.hidden_size // self.num_attention_heads:
+            del out["head_dim"]
+        return out
+
     # ------------------------------------------------------------------ derived
     @property
-    def head_dim(self) -> int:
-        """Size of one attention head."""
-        return self.hidden_size // self.num_attention_heads
+    def attention_width(self) -> int:
+        """Width of the attention's query and output projections: heads × head_dim (``hidden_size`` unless
+        ``head_dim`` is set apart)."""
+        return self.num_attention_heads * self.head_dim
 
     @property
     def is_moe(self) -> bool:
@@ -122,7 +135,7 @@ class ModelSpec(Spec):
         """Parameters of one transformer layer (dense, or MoE when ``moe``)."""
         h, f, hd = self.hidden_size, self.ffn_hidden_size, self.head_dim
         qkv = h * (self.num_attention_heads + 2 * self.num_kv_heads) * hd
-        attn = qkv + h * h
+        attn = qkv + self.attention_width * h
         mlp = self.mlp_matrices * h * f
         norm = (2 if self.norm == "layernorm" else 1) * h * 2
         bias = 0
