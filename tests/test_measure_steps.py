@@ -373,3 +373,12 @@ def test_the_cuda_branch_moves_the_step_to_the_gpu_and_times_it_synchronised(mon
     assert set(casts) == {("cuda", torch.bfloat16, True)} and len(casts) == 3 * 2  # 3 iterations × 2 micro-batches
     assert len(syncs) == 2 * 3  # before and after each of the 1 + 2 iterations
     assert len(out["times_s"]) == 2 and out["peak_memory_MiB"] == 123.0
+
+
+def test_rotary_steps_need_an_even_head_width():
+    # the rotation pairs the two halves of each head: an odd head width has no halves
+    with pytest.raises(InputError, match=r"^model\.hidden_size: rotary embeddings need an even head_dim, got 25"):
+        plan_step(StepConfig({**LLAMA, "hidden_size": 100, "num_attention_heads": 4, "num_kv_heads": 2}))
+    with pytest.raises(InputError, match=r"^model\.head_dim: rotary embeddings need an even head_dim, got 33"):
+        plan_step(StepConfig({**LLAMA, "head_dim": 33}))
+    assert plan_step(StepConfig({**LLAMA, "head_dim": 32})).model["head_dim"] == 32

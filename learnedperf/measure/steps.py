@@ -331,9 +331,10 @@ def plan_step(config: StepConfig) -> StepPlan:
         if model["vocab_size"] % tp:
             raise bad("strategy.tp", f"tp={tp} does not divide vocab_size={model['vocab_size']} "
                                      "(the embedding and head are vocabulary-parallel)")
-        if model["position_embedding"] == "rope" and (model["hidden_size"] // heads) % 2:
-            raise bad("model.hidden_size", f"rotary embeddings need an even head_dim, got "
-                                           f"hidden_size/num_attention_heads = {model['hidden_size'] // heads}")
+        head_dim = model.get("head_dim", model["hidden_size"] // heads)  # to_dict leaves the default out
+        if model["position_embedding"] == "rope" and head_dim % 2:
+            raise bad("model.head_dim" if "head_dim" in model else "model.hidden_size",
+                      f"rotary embeddings need an even head_dim, got {head_dim}")
         if model["num_layers"] < pp:
             raise bad("strategy.pp", f"pp={pp} exceeds num_layers={model['num_layers']}")
     else:
