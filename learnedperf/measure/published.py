@@ -762,8 +762,9 @@ def megatron_flops(model: Any, global_batch_size: int, recompute_counted: bool) 
     """FLOPs of one iteration as Megatron-LM counts them (Narayanan et al., SC21, Appendix).
 
     Every matmul is 2·m·n·k: per token and layer, the Q/K/V and output projections
-    (2·h·(h + 2·h_kv) + 2·h²), the MLP (2·h·ffn per weight matrix: 2 matrices, 3 when gated; ×top-k
-    experts in a MoE layer) and attention's two s×s products in full (4·s·h); the LM head 2·h·V
+    (2·h·(q + 2·h_kv) + 2·q·h, with q = heads·head_dim, h unless ``head_dim`` is set apart), the MLP
+    (2·h·ffn per weight matrix: 2 matrices, 3 when gated; ×top-k experts in a MoE layer) and attention's
+    two s×s products in full (4·s·q); the LM head 2·h·V
     per token. Backward is twice forward; a rate that counts the recomputed forward adds one
     forward of the layers (not of the head, which is not recomputed). For GPT-shaped models this
     is the paper's ``96·B·s·l·h²·(1 + s/6h + V/16lh)`` with recompute and
