@@ -275,10 +275,10 @@ def layer_param_split(model, ep: int) -> tuple[int, int, int]:
     """Parameters of one layer on one expert-parallel rank, before tensor parallelism: a dense layer's,
     an MoE layer's dense part (attention, norms and the router, h × experts, replicated over ep) and the
     experts of an MoE layer that rank keeps (experts / ep of them)."""
-    mlp = model.mlp_matrices * model.hidden_size * model.ffn_hidden_size
-    dense = model.layer_params(False)
-    router = model.hidden_size * model.num_experts if model.is_moe else 0
-    return dense, dense - mlp + router, (model.num_experts // ep) * mlp
+    mlp, dense = model.mlp_params, model.layer_params(False)
+    # an MoE layer's count without its experts keeps the router that ModelSpec.layer_params counts
+    moe_dense = model.layer_params(True) - model.num_experts * mlp if model.is_moe else dense - mlp
+    return dense, moe_dense, (model.num_experts // ep) * mlp
 
 
 def chunk_layout(run: RunSpec) -> list[ChunkLayout]:

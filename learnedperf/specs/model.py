@@ -131,12 +131,17 @@ class ModelSpec(Spec):
         """Weight matrices of one MLP (expert): 3 with a gated activation, else 2."""
         return 3 if self.activation == "swiglu" else 2
 
+    @property
+    def mlp_params(self) -> int:
+        """Parameters of one MLP (one expert of a MoE layer), without biases."""
+        return self.mlp_matrices * self.hidden_size * self.ffn_hidden_size
+
     def layer_params(self, moe: bool = False) -> int:
         """Parameters of one transformer layer (dense, or MoE when ``moe``)."""
         h, f, hd = self.hidden_size, self.ffn_hidden_size, self.head_dim
         qkv = h * (self.num_attention_heads + 2 * self.num_kv_heads) * hd
         attn = qkv + self.attention_width * h
-        mlp = self.mlp_matrices * h * f
+        mlp = self.mlp_params
         norm = (2 if self.norm == "layernorm" else 1) * h * 2
         bias = 0
         if self.arch in ("gpt", "bert"):
@@ -165,8 +170,7 @@ class ModelSpec(Spec):
         """Parameters touched by one token (top-k experts instead of all)."""
         if not self.is_moe:
             return self.num_params()
-        mlp = self.mlp_matrices * self.hidden_size * self.ffn_hidden_size
-        return self.num_params() - self.num_moe_layers * (self.num_experts - self.moe_top_k) * mlp
+        return self.num_params() - self.num_moe_layers * (self.num_experts - self.moe_top_k) * self.mlp_params
 
     # ---------------------------------------------------------------- builders
     @classmethod
