@@ -343,14 +343,14 @@ def _other_parts_it_could_name(name: str, text: str) -> list[str]:
     ``text`` (a lower-case GPU name) states; dies of a package are not other parts."""
     from ..catalog import get_device, names
 
-    toks = _tokens(text.replace("-", " "))
+    toks = _tokens(text)
     memory = {int(m) for m in _MEMORY.findall(text)}
     # the words of the row that the part's name has ("rtx" and "4090" of "RTX 4090"): another part must have
     # them all ("RTX 3090" has not)
-    stated = set(toks) & set(_tokens(name.replace("-", " ")))
+    stated = set(toks) & set(_tokens(name))
     out = []
     for n in names("devices", sort=False):
-        parts = _tokens(n.replace("-", " "))
+        parts = _tokens(n)
         if n == name or not stated <= set(parts) or "gcd" in parts:
             continue
         if memory and get_device(n)["memory_GiB"] not in memory:
@@ -394,9 +394,9 @@ def _device_name(gpu_type: str, assumed: list) -> str:
             assumed.append(f"device {name} for {gpu_type!r} (the catalog's part of that name; it could also name "
                            f"{', '.join(other)})")
         return name
-    want = set(_tokens(stripped.replace("-", " ")))
+    want = set(_tokens(stripped))
     # in catalog order, so that of equals the reference part comes first (the V100 SXM2 before the SXM3)
-    chips = {n: _tokens(n.replace("-", " ")) for n in names("devices", sort=False)}
+    chips = {n: _tokens(n) for n in names("devices", sort=False)}
     # the chip is the first token of a catalog name (a100, h100, mi300x); the row must name it
     found = [n for n, toks in chips.items() if toks[0] in want]
     if not found:
