@@ -583,8 +583,8 @@ def test_mixtral_style_expert_count_in_the_name_and_unstated_top_k_is_assumed(tm
 
 @pytest.mark.parametrize("name, notes, reason", [
     ("Some MoE 2B", "", "states no expert count"),
-    ("DeepSeek-V2-Lite", "64 experts, top-6", "shared experts"),
-    ("Qwen1.5-MoE-A2.7B", "60 experts, top-4", "shared experts"),
+    ("DeepSeek-V3.2-Exp", "", "shared experts"),  # not the catalog's DeepSeek-V3: sparse attention besides
+    ("Qwen2-MoE 7B", "60 experts, top-4", "shared experts"),  # not the catalog's Qwen1.5-MoE-A2.7B: read
     ("GPT MoE 1B", "8 experts + 2 shared experts", "shared experts"),
     ("Switch-XXL", "", "encoder-decoder"),  # the Switch Transformers are T5s
 ])
@@ -749,3 +749,40 @@ def test_megatron_flops_count_the_attention_width_of_heads_set_apart():
     h, q, s, l, f, V = 3072, 4096, 8192, 28, 24576, 256000
     per_token_layer = 2 * h * 3 * q + 2 * q * h + 4 * s * q + 2 * 3 * h * f
     assert megatron_flops(m, 1, False) == pytest.approx(3 * (l * per_token_layer + 2 * h * V) * s)
+
+
+# ------------------------------------------------------------ MoEs with shared experts
+@pytest.mark.parametrize("name, layers, hidden, heads, kv_heads, shared", [
+    ("DeepSeek-MoE-16B", 28, 2048, 16, 16, 2 * 1408),
+    ("Qwen1.5-MoE-A2.7B", 24, 2048, 16, 16, 5632),
+    ("Qwen2-57B-A14B", 28, 3584, 28, 4, 20480),
+    ("deepseek-moe-16b-chat", 28, 2048, 16, 16, 2 * 1408),  # a release: its HF repo's name
+])
+def test_a_row_naming_a_catalog_moe_with_shared_experts_is_read(tmp_path, name, layers, hidden, heads, kv_heads,
+                                                               shared):
+    # the catalog entry brings the shared experts' width, which a row's columns cannot state
+    got = load_published(_hybrid_table(tmp_path, {
+        "num_gpus": "8", "model": name, "num_layers": str(layers), "hidden_size": str(hidden), "num_heads": str(heads),
+        "num_kv_heads": str(kv_heads), "vocab_size": "", "notes": "shared experts and routed experts"}))
+    assert not got.skipped and not got.warnings
+    (m,) = got.runs
+    model = RunSpec.from_dict(m.run).model
+    assert (model.arch, model.moe_shared_ffn_hidden_size) == ("moe", shared)
+    assert model.num_experts > 2 and model.moe_top_k > 2
+    assert not [a for a in m.run["meta"]["assumed"] if "moe" in a or "experts" in a]
+
+
+@pytest.mark.parametrize("name, notes, reasons", [
+    ("DeepSeek-V3.2-Exp", "", ("shared experts, whose width a row cannot state", "latent attention (MLA)")),
+    ("DeepSeek-V2-Small", "64 experts, top-6", ("shared experts", "latent attention (MLA)")),
+    ("Foo-MoE 3B", "2 shared experts, 64 experts, top-6", ("shared experts, whose width a row cannot state",)),
+    ("DeepSeek-MoE 145B", "128 experts, top-12", ("shared experts, whose width a row cannot state",)),
+])
+def test_a_row_of_a_shared_expert_moe_the_catalog_lacks_says_why_it_is_skipped(tmp_path, name, notes, reasons):
+    got = load_published(_hybrid_table(tmp_path, {"num_gpus": "8", "model": name, "notes": notes}))
+    assert not got.runs
+    ((_, why),) = got.skipped
+    assert all(r in why for r in reasons), why
+    # the message names the catalog models that have shared experts, which a row can name instead
+    assert "deepseek-moe-16b" in why and "qwen2-57b-a14b" in why
+    assert ("latent attention" in why) == ("latent attention (MLA)" in reasons)

@@ -689,3 +689,108 @@ def test_head_dim_is_written_only_where_it_is_set_apart():
     qkv, proj = ops["layer.attn.qkv"], ops["layer.attn.proj"]
     assert qkv.flops == 2 * 16 * (3 * 128) * 64 and proj.flops == 2 * 16 * 64 * 128
     assert ops["layer.attn.core"].shape[-1] == 32
+
+
+# ------------------------------------------------------------------ MoEs with shared experts and dense layers
+# config.json of deepseek-ai/deepseek-moe-16b-base (custom code: model_type "deepseek")
+DEEPSEEK_MOE_16B = {
+    "architectures": ["DeepseekForCausalLM"], "model_type": "deepseek", "attention_bias": False,
+    "attention_dropout": 0.0, "bos_token_id": 100000, "eos_token_id": 100001, "first_k_dense_replace": 1,
+    "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 10944,
+    "max_position_embeddings": 4096, "moe_intermediate_size": 1408, "moe_layer_freq": 1, "n_routed_experts": 64,
+    "n_shared_experts": 2, "norm_topk_prob": False, "num_attention_heads": 16, "num_experts_per_tok": 6,
+    "num_hidden_layers": 28, "num_key_value_heads": 16, "pretraining_tp": 1, "rms_norm_eps": 1e-06,
+    "rope_scaling": None, "rope_theta": 10000, "scoring_func": "softmax", "aux_loss_alpha": 0.001,
+    "seq_aux": True, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_cache": True,
+    "vocab_size": 102400}
+# config.json of Qwen/Qwen1.5-MoE-A2.7B
+QWEN15_MOE_A27B = {
+    "architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "attention_dropout": 0.0,
+    "bos_token_id": 151643, "eos_token_id": 151643, "decoder_sparse_step": 1, "hidden_act": "silu",
+    "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 5632, "max_position_embeddings": 8192,
+    "max_window_layers": 21, "moe_intermediate_size": 1408, "norm_topk_prob": False, "num_attention_heads": 16,
+    "num_experts": 60, "num_experts_per_tok": 4, "num_hidden_layers": 24, "num_key_value_heads": 16,
+    "output_router_logits": False, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001,
+    "shared_expert_intermediate_size": 5632, "sliding_window": 32768, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "use_cache": True, "use_sliding_window": False, "vocab_size": 151936}
+# config.json of Qwen/Qwen2-57B-A14B
+QWEN2_57B_A14B = {
+    **QWEN15_MOE_A27B, "hidden_size": 3584, "intermediate_size": 18944, "max_position_embeddings": 131072,
+    "max_window_layers": 28, "moe_intermediate_size": 2560, "num_attention_heads": 28, "num_experts": 64,
+    "num_experts_per_tok": 8, "num_hidden_layers": 28, "num_key_value_heads": 4,
+    "shared_expert_intermediate_size": 20480, "sliding_window": 131072}
+SHARED_EXPERT_MOES = [("deepseek-moe-16b", DEEPSEEK_MOE_16B), ("qwen1.5-moe-a2.7b", QWEN15_MOE_A27B),
+                      ("qwen2-57b-a14b", QWEN2_57B_A14B)]
+
+
+@needs_catalog("models")
+@pytest.mark.parametrize("name, total_B, active_B", [
+    ("deepseek-moe-16b", 16.4, 2.8),    # Dai et al. 2024 (arXiv 2401.06066), DeepSeekMoE 16B: 16.4B, 2.8B activated
+    ("qwen1.5-moe-a2.7b", 14.3, 2.7),   # Qwen blog "Qwen1.5-MoE": 14.3B in all, 2.7B activated
+    ("qwen2-57b-a14b", 57.0, 14.0),     # Qwen2 Technical Report (arXiv 2407.10671): 57B, 14B activated
+])
+def test_catalog_moes_with_shared_experts_count_the_reported_parameters(name, total_B, active_B):
+    from learnedperf.catalog import get_model
+
+    m = ModelSpec.parse(get_model(name))
+    assert m.moe_shared_ffn_hidden_size > 0
+    assert m.num_params() / 1e9 == pytest.approx(total_B, rel=0.01)
+    # the reports round the activated count to one decimal (14B: none): within 2 %
+    assert m.num_active_params() / 1e9 == pytest.approx(active_B, rel=0.02)
+
+
+@needs_catalog("models")
+@pytest.mark.parametrize("name, config", SHARED_EXPERT_MOES, ids=[n for n, _ in SHARED_EXPERT_MOES])
+def test_hf_configs_of_moes_with_shared_experts_read_as_the_catalog_entry(name, config):
+    from learnedperf.catalog import get_model
+
+    spec = RunSpec.from_dict(run({"hf_config": config, "seq_length": 4096})).model
+    entry = ModelSpec.parse(get_model(name))
+    assert spec.model_dump(exclude={"name", "seq_length"}) == entry.model_dump(exclude={"name", "seq_length"})
+    assert spec.num_params() == entry.num_params() and spec.num_active_params() == entry.num_active_params()
+    assert ModelSpec.parse(spec.to_dict()) == spec
+    # without model_type, the architectures class names the family (Qwen2Moe before Qwen2's dense reading)
+    bare = {k: v for k, v in config.items() if k != "model_type"}
+    assert ModelSpec.from_hf_config(bare, seq_length=4096) == spec
+
+
+def test_hf_deepseek_moe_layout():
+    m = ModelSpec.from_hf_config(DEEPSEEK_MOE_16B)
+    # the first layer dense (intermediate_size wide), the other 27 MoE layers with 2 shared experts of 1408
+    assert (m.moe_first_dense_layers, m.num_moe_layers, m.moe_layers_in(0, 1)) == (1, 27, 0)
+    assert (m.ffn_hidden_size, m.dense_ffn_hidden_size, m.moe_shared_ffn_hidden_size) == (1408, 10944, 2816)
+    assert (m.num_experts, m.moe_top_k, m.seq_length) == (64, 6, 4096)
+    # no shared experts (null) and no leading dense layer: every layer a MoE layer, intermediate_size unread
+    plain = ModelSpec.from_hf_config({**DEEPSEEK_MOE_16B, "n_shared_experts": None, "first_k_dense_replace": 0})
+    assert (plain.num_moe_layers, plain.moe_shared_ffn_hidden_size, plain.dense_ffn_hidden_size) == (28, 0, 1408)
+
+
+def test_hf_qwen_moe_dense_layers_every_decoder_sparse_step():
+    # Qwen: layer i is a MoE layer when (i + 1) % decoder_sparse_step == 0, the others dense of intermediate_size
+    for config in (QWEN15_MOE_A27B, {**QWEN3_8B, "model_type": "qwen3_moe", "moe_intermediate_size": 768,
+                                     "num_experts": 128, "num_experts_per_tok": 8, "mlp_only_layers": []}):
+        m = ModelSpec.from_hf_config({**config, "decoder_sparse_step": 2})
+        L, h = config["num_hidden_layers"], config["hidden_size"]
+        assert (m.moe_layer_frequency, m.num_moe_layers, m.moe_layers_in(0, 2)) == (2, L // 2, 1)
+        assert m.dense_ffn_hidden_size == config["intermediate_size"]
+        one = ModelSpec.from_hf_config(config)
+        # half the layers trade their experts (and shared expert, and router) for a dense MLP
+        moe_mlp = (m.num_experts * 3 * h * m.ffn_hidden_size + 3 * h * m.moe_shared_ffn_hidden_size
+                   + h * m.num_experts)
+        assert one.num_params() - m.num_params() == (L // 2) * (moe_mlp - 3 * h * config["intermediate_size"])
+
+
+@pytest.mark.parametrize("config, field", [
+    ({**DEEPSEEK_MOE_16B, "moe_layer_freq": 2}, "model.hf_config.moe_layer_freq"),
+    ({**QWEN15_MOE_A27B, "mlp_only_layers": [0, 1]}, "model.hf_config.mlp_only_layers"),
+    ({**QWEN3_8B, "model_type": "qwen3_moe", "moe_intermediate_size": 768, "num_experts": 128,
+      "num_experts_per_tok": 8, "mlp_only_layers": [3]}, "model.hf_config.mlp_only_layers"),
+    ({**QWEN15_MOE_A27B, "shared_expert_intermediate_size": None}, "model.hf_config.shared_expert_intermediate_size"),
+    # DeepSeek-V2/V3: multi-head latent attention, whose ranks a DeepSeek-MoE config lacks
+    ({**DEEPSEEK_MOE_16B, "model_type": "deepseek_v2", "architectures": ["DeepseekV2ForCausalLM"]},
+     "model.hf_config.kv_lora_rank"),
+])
+def test_hf_moe_layouts_the_run_format_cannot_place_give_one_error(config, field):
+    err = expect_spec_error(RunSpec.from_dict, run({"hf_config": config}), field=field)
+    if field.endswith(("moe_layer_freq", "mlp_only_layers")):
+        assert "run format" in err.message

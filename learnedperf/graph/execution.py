@@ -273,10 +273,11 @@ def state_sharding(s) -> Callable[[float, float], tuple[float, float, float]]:
 
 def layer_param_split(model, ep: int) -> tuple[int, int, int]:
     """Parameters of one layer on one expert-parallel rank, before tensor parallelism: a dense layer's,
-    an MoE layer's dense part (attention, norms and the router, h × experts, replicated over ep) and the
-    experts of an MoE layer that rank keeps (experts / ep of them)."""
+    an MoE layer's dense part (attention, norms, the router, h × experts, and the shared experts, all
+    replicated over ep) and the routed experts of an MoE layer that rank keeps (experts / ep of them)."""
     mlp, dense = model.mlp_params, model.layer_params(False)
-    # an MoE layer's count without its experts keeps the router that ModelSpec.layer_params counts
+    # an MoE layer's count without its routed experts keeps the router and shared experts that
+    # ModelSpec.layer_params counts
     moe_dense = model.layer_params(True) - model.num_experts * mlp if model.is_moe else dense - mlp
     return dense, moe_dense, (model.num_experts // ep) * mlp
 
@@ -291,14 +292,16 @@ def chunk_layout(run: RunSpec) -> list[ChunkLayout]:
     tp, n_v = s.tp, s.pp * s.virtual_pipeline_stages
     counts = _layers_per_vstage(model.num_layers, s.pp, s.virtual_pipeline_stages)
     h, V = model.hidden_size, model.vocab_size
-    dense_layer_params, moe_attn_params, expert_layer_params = (p / tp for p in layer_param_split(model, s.ep))
+    # MLA's down projections are whole on every tensor-parallel rank; the rest of a layer is split tp ways
+    kept = model.tp_replicated_layer_params
+    dense, moe_attn, experts = layer_param_split(model, s.ep)
+    dense_layer_params, moe_attn_params = (dense - kept) / tp + kept, (moe_attn - kept) / tp + kept
+    expert_layer_params = experts / tp
     out: list[ChunkLayout] = []
     first = 0
     for vs in range(n_v):
         n_layers = counts[vs]
-        # layers i (0-based) with (i + 1) % freq == 0 are MoE layers: count them in [first, first + n_layers)
-        n_moe = ((first + n_layers) // model.moe_layer_frequency - first // model.moe_layer_frequency
-                 if model.is_moe else 0)
+        n_moe = model.moe_layers_in(first, n_layers)
         first += n_layers
         n_dense = n_layers - n_moe
         root = 0.0

@@ -111,22 +111,48 @@ def layer_forward(model: ModelSpec, sh: Shard, moe: bool = False, prefix: str = 
     # --- attention block
     ops.append(elementwise(f"{prefix}.attn.{norm}", norm, "fwd", T_norm * h, 1, 1, er, rdt, 5.0, h))
     tp_in("attn")
-    qkv_out = (a_local + 2 * kv_local) * hd
-    _autocast_gemm(ops, sh, f"{prefix}.attn.qkv", h * qkv_out, T * h)
-    ops.append(matmul(f"{prefix}.attn.qkv", "fwd", T, qkv_out, h, dt, e))
-    if model.position_embedding == "rope":
-        ops.append(elementwise(f"{prefix}.attn.rope", "elementwise", "fwd", T * (a_local + kv_local) * hd,
-                               1, 1, e, dt, 3.0, hd))
+    vd = model.v_head_dim  # head_dim unless latent attention sets it apart
+    if model.is_mla:
+        # multi-head latent attention (DeepSeek-V2 report, arXiv 2405.04434, section 2.1): the down projections
+        # and their norms run whole on every tensor-parallel rank (Megatron-Core duplicates them), the up
+        # projections are column-parallel over the heads
+        q_lora, kv_lora, rope = model.q_lora_rank, model.kv_lora_rank, model.qk_rope_head_dim
+
+        def gemm(tag: str, n: int, k: int) -> None:
+            _autocast_gemm(ops, sh, f"{prefix}.attn.{tag}", k * n, T * k if k == h else 0.0)
+            ops.append(matmul(f"{prefix}.attn.{tag}", "fwd", T, n, k, dt, e))
+
+        if q_lora:
+            gemm("q_down", q_lora, h)
+            ops.append(elementwise(f"{prefix}.attn.q_norm", norm, "fwd", T * q_lora, 1, 1, e, dt, 5.0, q_lora))
+            gemm("q_up", a_local * hd, q_lora)
+        else:
+            gemm("q", a_local * hd, h)
+        gemm("kv_down", kv_lora + rope, h)
+        ops.append(elementwise(f"{prefix}.attn.kv_norm", norm, "fwd", T * kv_lora, 1, 1, e, dt, 5.0, kv_lora))
+        gemm("kv_up", a_local * (hd - rope + vd), kv_lora)
+        # rotary positions on each query head's rotary part and on the one rotary key a token shares
+        ops.append(elementwise(f"{prefix}.attn.rope", "elementwise", "fwd", T * (a_local + 1) * rope,
+                               1, 1, e, dt, 3.0, rope))
+        kv_local = a_local  # keys and values are up-projected for every head
+    else:
+        qkv_out = (a_local + 2 * kv_local) * hd
+        _autocast_gemm(ops, sh, f"{prefix}.attn.qkv", h * qkv_out, T * h)
+        ops.append(matmul(f"{prefix}.attn.qkv", "fwd", T, qkv_out, h, dt, e))
+        if model.position_embedding == "rope":
+            ops.append(elementwise(f"{prefix}.attn.rope", "elementwise", "fwd", T * (a_local + kv_local) * hd,
+                                   1, 1, e, dt, 3.0, hd))
     if sh.cp_group.size > 1:
         # ring attention: each rank receives the K and V shards of the other cp-1 ranks
-        kv_bytes = 2 * sh.b * sh.s * kv_local * hd * e * (sh.cp_group.size - 1)
+        kv_bytes = sh.b * sh.s * kv_local * (hd + vd) * e * (sh.cp_group.size - 1)
         ops.append(comm(f"{prefix}.attn.cp_kv", "p2p", "fwd", kv_bytes, sh.cp_group, dt))
     causal = model.causal
     if sh.flash:
-        flops = 4.0 * sh.b * a_local * sh.s * sh.s_kv * hd
-        nbytes = (sh.b * sh.s * (2 * a_local) * hd + 2 * sh.b * sh.s_kv * kv_local * hd) * e
+        # scores over head_dim, context over v_head_dim: as a kernel of head width (head_dim + v_head_dim) / 2
+        flops = 2.0 * sh.b * a_local * sh.s * sh.s_kv * (hd + vd)
+        nbytes = (sh.b * sh.s * a_local * (hd + vd) + sh.b * sh.s_kv * kv_local * (hd + vd)) * e
         ops.append(Op(f"{prefix}.attn.core", "attention", "fwd", flops, float(nbytes), dt,
-                      (sh.b, a_local, sh.s, sh.s_kv, hd), None, causal))
+                      (sh.b, a_local, sh.s, sh.s_kv, (hd + vd) // 2), None, causal))
     else:
         bh = sh.b * a_local
         ops.append(matmul(f"{prefix}.attn.scores", "fwd", sh.s, sh.s_kv, hd, dt, e, batch=bh))
@@ -136,18 +162,30 @@ def layer_forward(model: ModelSpec, sh: Shard, moe: bool = False, prefix: str = 
         if dropout:
             ops.append(elementwise(f"{prefix}.attn.dropout", "elementwise", "fwd", scores, 1, 1, e, dt, 2.0,
                                    sh.s_kv))
-        ops.append(matmul(f"{prefix}.attn.context", "fwd", sh.s, hd, sh.s_kv, dt, e, batch=bh))
-    _autocast_gemm(ops, sh, f"{prefix}.attn.proj", a_local * hd * h)
-    ops.append(matmul(f"{prefix}.attn.proj", "fwd", T, h, a_local * hd, dt, e))
+        ops.append(matmul(f"{prefix}.attn.context", "fwd", sh.s, vd, sh.s_kv, dt, e, batch=bh))
+    _autocast_gemm(ops, sh, f"{prefix}.attn.proj", a_local * vd * h)
+    ops.append(matmul(f"{prefix}.attn.proj", "fwd", T, h, a_local * vd, dt, e))
     tp_out("attn")
     ops.append(elementwise(f"{prefix}.attn.residual", "elementwise", "fwd", T_norm * h, 2, 1, er, rdt, 2.0, h))
     # --- MLP block
     ops.append(elementwise(f"{prefix}.mlp.{norm}", norm, "fwd", T_norm * h, 1, 1, er, rdt, 5.0, h))
     tp_in("mlp")
-    f_local = model.ffn_hidden_size // t
     gated = model.activation == "swiglu"
-    up = f_local * (2 if gated else 1)
+
+    def dense_mlp(tag: str, width: int) -> None:
+        # a column-parallel up projection (gate and up together when gated), the activation, a row-parallel down
+        w_local = width // t
+        w_up = w_local * (2 if gated else 1)
+        _autocast_gemm(ops, sh, f"{prefix}.{tag}.fc1", h * w_up, T * h)
+        ops.append(matmul(f"{prefix}.{tag}.fc1", "fwd", T, w_up, h, dt, e))
+        ops.append(elementwise(f"{prefix}.{tag}.act", "elementwise", "fwd", T * w_local, 2 if gated else 1, 1, e,
+                               dt, 8.0, w_local))
+        _autocast_gemm(ops, sh, f"{prefix}.{tag}.fc2", w_local * h)
+        ops.append(matmul(f"{prefix}.{tag}.fc2", "fwd", T, h, w_local, dt, e))
+
     if moe:
+        f_local = model.ffn_hidden_size // t
+        up = f_local * (2 if gated else 1)
         E, k = model.num_experts, model.moe_top_k
         _autocast_gemm(ops, sh, f"{prefix}.moe.router", h * E, T * h)
         ops.append(matmul(f"{prefix}.moe.router", "fwd", T, E, h, dt, e))
@@ -167,13 +205,11 @@ def layer_forward(model: ModelSpec, sh: Shard, moe: bool = False, prefix: str = 
         if sh.ep > 1:
             ops.append(comm(f"{prefix}.moe.combine", "alltoall", "fwd", routed * h * e, sh.ep_group, dt))
         ops.append(elementwise(f"{prefix}.moe.weighted_sum", "elementwise", "fwd", routed * h, 1, 1, e, dt, 2.0, h))
+        if model.moe_shared_ffn_hidden_size:
+            # shared experts: a dense MLP over the rank's own tokens, tensor-parallel, never dispatched
+            dense_mlp("moe.shared", model.moe_shared_ffn_hidden_size)
     else:
-        _autocast_gemm(ops, sh, f"{prefix}.mlp.fc1", h * up, T * h)
-        ops.append(matmul(f"{prefix}.mlp.fc1", "fwd", T, up, h, dt, e))
-        ops.append(elementwise(f"{prefix}.mlp.act", "elementwise", "fwd", T * f_local, 2 if gated else 1, 1, e,
-                               dt, 8.0, f_local))
-        _autocast_gemm(ops, sh, f"{prefix}.mlp.fc2", f_local * h)
-        ops.append(matmul(f"{prefix}.mlp.fc2", "fwd", T, h, f_local, dt, e))
+        dense_mlp("mlp", model.dense_ffn_hidden_size)
     tp_out("mlp")
     ops.append(elementwise(f"{prefix}.mlp.residual", "elementwise", "fwd", T_norm * h, 2, 1, er, rdt, 2.0, h))
     return ops

@@ -246,13 +246,25 @@ _TOP_K = re.compile(r"top[\s_-]*k?\s*[=:]?\s*(\d+)|(\d+)\s*active\s+experts")
 _MOE_EVERY = re.compile(r"every\s+(?:other|second|2nd)\s+(?:ffn\s+|mlp\s+)?layer|every\s+(\d+)\s+layers"
                         r"|layer[\s_-]*freq\w*\s*[=:]?\s*(\d+)|expert[\s_-]*interval\s*[=:]?\s*(\d+)")
 # MoE names the family words miss: the active parameters beside the total ("Qwen3-30B-A3B", "Qwen3-235B-A22B"),
-# Llama 4 (Scout, Maverick) and gpt-oss, families whose every release is a MoE
-_MOE_NAMES = re.compile(r"\d(?:\.\d+)?\s*b[\s_-]*a\d+(?:\.\d+)?\s*b\b|llama[\s_-]*4(?!\d)|gpt[\s_-]*oss")
-# MoE designs the run format cannot express: shared (always-on) experts and DeepSeek's latent attention (MLA) in
-# DeepSeek-MoE/V2/V3, Qwen1.5/2-MoE and Llama 4; Llama 4's chunked and gpt-oss's sliding-window attention
-# layers; Arctic's dense MLP beside its experts (a dense-MoE hybrid)
-_MOE_UNSUPPORTED = re.compile(r"shared[\s_-]*experts?|deepseek|qwen[\d.]*[\s_-]*moe|\bmla\b|arctic"
-                              r"|llama[\s_-]*4(?!\d)|gpt[\s_-]*oss")
+# and families whose every release is a MoE: Llama 4 (Scout, Maverick), gpt-oss, DeepSeek-MoE, DeepSeek-V2/V3/R1
+# (Coder-V2 too) and Qwen's "-MoE" releases
+_MOE_NAMES = re.compile(r"\d(?:\.\d+)?\s*b[\s_-]*a\d+(?:\.\d+)?\s*b\b|llama[\s_-]*4(?!\d)|gpt[\s_-]*oss"
+                        r"|deepseek[\w.-]*?[\s_-]?(?:v[23]|r1)(?!\d)|deepseek[\s_-]*moe|qwen[\d.]*[\s_-]*moe")
+# MoE designs a row cannot describe, with the reason each is skipped. Shared (always-on) experts, as DeepSeek-MoE/
+# V2/V3, Qwen1.5/2-MoE and Llama 4 have them, and DeepSeek-V2/V3's (and R1's) latent attention (MLA): the run format
+# has their widths (moe_shared_ffn_hidden_size, kv_lora_rank, ...), a row's columns do not, so only a catalog entry
+# brings them (rows naming one, "DeepSeek-V3", "Qwen2-57B-A14B", take its architecture before they get here).
+# Llama 4's chunked and gpt-oss's sliding-window attention layers and Arctic's dense MLP beside its experts (a
+# dense-MoE hybrid) are not in the run format.
+_MOE_UNSUPPORTED = (
+    (re.compile(r"shared[\s_-]*experts?|deepseek|qwen[\d.]*[\s_-]*moe|llama[\s_-]*4(?!\d)"),
+     "shared experts, whose width a row cannot state (give the name of a catalog model that has them: {shared})"),
+    (re.compile(r"deepseek[\w.-]*?[\s_-]?(?:v[23]|r1)(?!\d)|\bmla\b"),
+     "latent attention (MLA), whose ranks a row cannot state (give the name of a catalog model that has it: {mla})"),
+    (re.compile(r"llama[\s_-]*4(?!\d)|gpt[\s_-]*oss"),
+     "chunked or sliding-window attention layers, which the run format does not describe"),
+    (re.compile(r"arctic"), "a dense MLP beside its experts, which the run format does not describe"),
+)
 # families whose papers fix a MoE choice the row may leave out: Switch routing is top-1 (Fedus et al. 2021,
 # arXiv 2101.03961, §2.1); GLaM and GShard put experts in every other layer (Du et al. 2022, arXiv 2112.06905,
 # §3; Lepikhin et al. 2020, arXiv 2006.16668, §2.1)
@@ -270,10 +282,11 @@ def _moe(row: dict, arch: str, assumed: list) -> dict:
     m = _EXPERTS_TEXT.search(text) or (_EXPERTS_NAME.search(name) if named_moe else None)
     if m is None and not named_moe:
         return {}
-    if _MOE_UNSUPPORTED.search(text):
-        raise _Skip(f"model {_cell(row, 'model')!r} is a mixture of experts with shared experts, latent attention "
-                    "(MLA), chunked or sliding-window attention, or a dense MLP beside its experts, which the run "
-                    "format does not describe")
+    reasons = [why for pattern, why in _MOE_UNSUPPORTED if pattern.search(text)]
+    if reasons:
+        raise _Skip(f"model {_cell(row, 'model')!r} is a mixture of experts with "
+                    + ", and with ".join(reasons).format(shared=_catalog_models_with("moe_shared_ffn_hidden_size"),
+                                                         mla=_catalog_models_with("kv_lora_rank")))
     if m is None:
         raise _Skip(f"model {_cell(row, 'model')!r} is a mixture of experts the catalog does not know, and the row "
                     "states no expert count (say 'N experts' in notes, or give the catalog name)")
@@ -301,6 +314,14 @@ def _moe(row: dict, arch: str, assumed: list) -> dict:
     if family == "gpt":
         out.update(_GPT_BLOCK)
     return out
+
+
+def _catalog_models_with(key: str) -> str:
+    """The catalog's models that set ``key`` (shared experts, latent attention), for the reason a row of
+    another such model is skipped."""
+    from ..catalog import get_model, names
+
+    return ", ".join(n for n in names("models") if get_model(n).get(key)) or "none yet"
 
 
 # the GPT block, for a MoE whose name says GPT (ModelSpec's arch 'moe' defaults to Mixtral's block)
@@ -761,13 +782,14 @@ def _flash_attention(row: dict, assumed: list) -> bool:
 def megatron_flops(model: Any, global_batch_size: int, recompute_counted: bool) -> float:
     """FLOPs of one iteration as Megatron-LM counts them (Narayanan et al., SC21, Appendix).
 
-    Every matmul is 2·m·n·k: per token and layer, the Q/K/V and output projections
-    (2·h·(q + 2·h_kv) + 2·q·h, with q = heads·head_dim, h unless ``head_dim`` is set apart), the MLP
-    (2·h·ffn per weight matrix: 2 matrices, 3 when gated; ×top-k experts in a MoE layer) and attention's
-    two s×s products in full (4·s·q); the LM head 2·h·V
-    per token. Backward is twice forward; a rate that counts the recomputed forward adds one
-    forward of the layers (not of the head, which is not recomputed). For GPT-shaped models this
-    is the paper's ``96·B·s·l·h²·(1 + s/6h + V/16lh)`` with recompute and
+    Every matmul is 2·m·n·k: per token and layer, twice the attention's projection weights
+    (:attr:`ModelSpec.attention_params`: Q/K/V and output, 2·h·(q + 2·h_kv) + 2·q·h FLOPs with q =
+    heads·head_dim, or latent attention's down and up projections), the MLP (2·h·ffn per weight matrix:
+    2 matrices, 3 when gated; top-k experts plus the shared ones in a MoE layer, ``dense_ffn_hidden_size``
+    in its dense layers) and attention's two s×s products in full (2·s·heads·(head_dim + v_head_dim),
+    4·s·q for ordinary heads); the LM head 2·h·V per token. Backward is twice forward; a rate that counts
+    the recomputed forward adds one forward of the layers (not of the head, which is not recomputed). For
+    GPT-shaped models this is the paper's ``96·B·s·l·h²·(1 + s/6h + V/16lh)`` with recompute and
     ``72·B·s·l·h²·(1 + s/6h + V/12lh)`` without.
 
     Not :func:`~learnedperf.graph.transformer.model_flops_per_iteration`: that counts the operator
@@ -780,12 +802,15 @@ def megatron_flops(model: Any, global_batch_size: int, recompute_counted: bool) 
         recompute_counted: whether the rate being converted counts the recomputed forward.
     """
     h, s, l = model.hidden_size, model.seq_length, model.num_layers
-    q, kv = model.attention_width, model.head_dim * model.num_kv_heads  # q = h unless head_dim is set apart
+    a = model.num_attention_heads
     mats = 3 if model.activation == "swiglu" else 2
-    dense_mlp = 2 * mats * h * model.ffn_hidden_size
-    moe_layers = l // model.moe_layer_frequency if model.num_experts > 1 else 0
-    mlp = (l - moe_layers) * dense_mlp + moe_layers * dense_mlp * model.moe_top_k
-    layers_fwd = l * (2 * h * (q + 2 * kv) + 2 * q * h + 4 * s * q) + mlp
+    # a MoE layer runs top-k experts and the shared ones; its dense layers have their own width
+    moe_layers = model.num_moe_layers
+    mlp = 2 * mats * h * ((l - moe_layers) * model.dense_ffn_hidden_size
+                          + moe_layers * (model.ffn_hidden_size * model.moe_top_k + model.moe_shared_ffn_hidden_size))
+    # the projections' weights twice; scores and context over each head's key and value widths (the paper's
+    # 4·s·h with head_dim = v_head_dim = h / heads)
+    layers_fwd = l * (2 * model.attention_params + 2 * s * a * (model.head_dim + model.v_head_dim)) + mlp
     head_fwd = 2 * h * model.vocab_size
     return ((4 if recompute_counted else 3) * layers_fwd + 3 * head_fwd) * s * global_batch_size
 

@@ -320,6 +320,9 @@ def plan_step(config: StepConfig) -> StepPlan:
         raise bad("strategy.optimizer", f"expected 'adam' or 'sgd', got {s['optimizer']!r}")
     arch = model["arch"]
     if arch in TRANSFORMER_ARCHS:
+        if model.get("kv_lora_rank"):
+            # the harness builds ordinary (grouped-query) attention; timing it as MLA would mislabel the record
+            raise bad("model.kv_lora_rank", "measured steps do not build latent attention (MLA)")
         heads, kv = model["num_attention_heads"], model["num_kv_heads"]
         if heads % tp:
             raise bad("strategy.tp", f"tp={tp} does not divide num_attention_heads={heads}")

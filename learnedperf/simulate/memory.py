@@ -63,18 +63,27 @@ def layer_activation_bytes(run) -> float:
     er = 4 if s.autocast else e  # norm inputs and the layer input: the fp32 residual stream under autocast
     sp = s.sequence_parallel and t > 1
     T = b * seq
-    kv_hd = m.num_kv_heads * m.head_dim
     q_hd = m.attention_width  # hidden_size unless head_dim is set apart
+    # keys, values and the projection input: latent attention up-projects keys and values for every head
+    k_hd = q_hd if m.is_mla else m.num_kv_heads * m.head_dim
+    v_hd = m.value_width if m.is_mla else k_hd
+    o_hd = m.value_width
     a = m.num_attention_heads
     dropout = m.arch in ("gpt", "bert")
-    f = m.ffn_hidden_size * (m.moe_top_k if m.is_moe else 1)
+    # FFN width a token passes through: top-k experts plus the shared ones in a MoE layer, the dense width
+    # elsewhere, averaged over the model's layers (the stages' mix of the two is not told apart)
+    n_moe = m.num_moe_layers
+    f = ((n_moe * (m.ffn_hidden_size * m.moe_top_k + m.moe_shared_ffn_hidden_size)
+          + (m.num_layers - n_moe) * m.dense_ffn_hidden_size) / m.num_layers)
     if s.recompute == "full":
         return T * h * er / (t if sp else 1)
     # tensors replicated across TP ranks unless sequence parallel: norm inputs, QKV and FC1 inputs, masks
     replicated = T * h * er * 2 + T * h * e * 2 + (2 * T * h if dropout else 0)
-    sharded = (T * (q_hd + kv_hd) * e  # Q and K for the scores
-               + T * kv_hd * e  # V
-               + T * q_hd * e  # projection input (attention output)
+    # MLA's latents, every rank whole: the query and key-value latents before and after their norms
+    replicated += T * (m.q_lora_rank + m.kv_lora_rank) * e * 2 + T * m.qk_rope_head_dim * e
+    sharded = (T * (q_hd + k_hd) * e  # Q and K for the scores
+               + T * v_hd * e  # V
+               + T * o_hd * e  # projection input (attention output)
                + T * f * e * (2 if m.activation == "swiglu" else 1)  # activation-function input
                + T * f * e)  # FC2 input
     scores = 0.0

@@ -8,8 +8,13 @@ One function, :func:`hf_config_to_arch`, maps the key names of each supported
 * encoders: ``bert``, ``roberta`` → arch ``bert``
 * gated decoders: ``llama``, ``mistral``, ``qwen2``, ``qwen3``, ``gemma`` → arch ``llama`` (an explicit
   ``head_dim`` that differs from hidden_size / heads, as Qwen3's and Gemma's, is kept)
-* mixture of experts: ``mixtral``, ``qwen3_moe`` (experts of ``moe_intermediate_size``) and
-  ``switch_transformers`` → arch ``moe``
+* mixture of experts: ``mixtral``, ``qwen3_moe``, ``qwen2_moe`` (Qwen1.5-MoE, Qwen2-MoE), ``deepseek``
+  (DeepSeek-MoE) and ``switch_transformers`` → arch ``moe``. The fine-grained ones have experts of
+  ``moe_intermediate_size``; Qwen2-MoE's and DeepSeek-MoE's shared experts, DeepSeek-MoE's leading dense layers
+  (``first_k_dense_replace``) and Qwen's dense layers between MoE layers (``decoder_sparse_step`` > 1) are
+  read, the dense layers with the config's ``intermediate_size``. Dense layers at listed positions
+  (``mlp_only_layers``) and DeepSeek's ``moe_layer_freq`` > 1 are refused. DeepSeek-V2/V3 (``deepseek_v2``,
+  ``deepseek_v3``) add multi-head latent attention (``kv_lora_rank`` and the other MLA keys)
 
 A config without ``model_type`` is recognised from its ``architectures`` list,
 and failing that from the common key names (``hidden_size``/``n_embd``/``d_model``,
@@ -37,15 +42,20 @@ _MODEL_TYPES: dict[str, tuple[str, str]] = {
     "gemma": ("llama", "gemma"),
     "mixtral": ("moe", "mixtral"),
     "qwen3_moe": ("moe", "qwen3_moe"),
+    "qwen2_moe": ("moe", "qwen2_moe"),
+    "deepseek": ("moe", "deepseek"),  # DeepSeek-MoE's custom-code config (trust_remote_code)
+    "deepseek_v2": ("moe", "deepseek_v2"),  # DeepSeek-V2 and V2-Lite: DeepSeek-MoE's layout, latent attention
+    "deepseek_v3": ("moe", "deepseek_v3"),
     "switch_transformers": ("moe", "switch"),
 }
 
 # HuggingFace class names (config["architectures"]) → model_type, for configs without model_type.
 _ARCHITECTURE_PREFIXES: tuple[tuple[str, str], ...] = (
     ("GPT2", "gpt2"), ("GPTJ", "gptj"), ("GPTNeoX", "gpt_neox"), ("OPT", "opt"), ("Bert", "bert"),
-    ("Roberta", "roberta"), ("Llama", "llama"), ("Mistral", "mistral"), ("Qwen2", "qwen2"),
-    ("Qwen3Moe", "qwen3_moe"), ("Qwen3", "qwen3"), ("GemmaFor", "gemma"),
+    ("Roberta", "roberta"), ("Llama", "llama"), ("Mistral", "mistral"), ("Qwen2Moe", "qwen2_moe"),
+    ("Qwen2", "qwen2"), ("Qwen3Moe", "qwen3_moe"), ("Qwen3", "qwen3"), ("GemmaFor", "gemma"),
     ("Mixtral", "mixtral"), ("SwitchTransformers", "switch_transformers"),
+    ("DeepseekV2", "deepseek_v2"), ("DeepseekV3", "deepseek_v3"), ("DeepseekFor", "deepseek"),
 )
 
 # Synonyms of each architecture key, most specific first (the generic fallback uses all of them).
@@ -163,7 +173,9 @@ def hf_config_to_arch(config: dict, seq_length: Optional[int], prefix: str) -> d
         A dict with ``name``, ``arch``, ``num_layers``, ``hidden_size``, ``num_attention_heads``,
         ``num_kv_heads``, ``ffn_hidden_size``, ``vocab_size``, ``seq_length``, ``num_experts``,
         ``moe_top_k``, ``moe_layer_frequency``, ``activation``, ``norm``, ``causal``,
-        ``tie_embeddings`` and ``position_embedding``.
+        ``tie_embeddings`` and ``position_embedding``; for a fine-grained MoE also
+        ``moe_first_dense_layers``, ``moe_shared_ffn_hidden_size`` and ``dense_ffn_hidden_size`` where
+        the config has leading dense layers, shared experts or dense layers.
 
     Raises:
         SpecError: ``{prefix}.hf_config.<key>`` for an unsupported ``model_type`` or a missing or
@@ -217,14 +229,11 @@ def hf_config_to_arch(config: dict, seq_length: Optional[int], prefix: str) -> d
         out["causal"] = False
         out["position_embedding"] = "learned"
         out["tie_embeddings"] = _flag(config, prefix, "tie_word_embeddings", True)
-    else:  # llama, mistral, qwen2, qwen3, gemma, mixtral, qwen3_moe
-        if family == "qwen3_moe":
-            # every layer a MoE layer of experts moe_intermediate_size wide (decoder_sparse_step 1, no
-            # mlp_only_layers); the run format has one FFN width, the experts'
-            if config.get("mlp_only_layers") or (config.get("decoder_sparse_step") or 1) != 1:
-                raise SpecError(f"{prefix}.hf_config.mlp_only_layers", "dense layers between the MoE layers "
-                                "(mlp_only_layers, decoder_sparse_step > 1) are not in the run format")
-            ffn = _get(config, prefix, "ffn_hidden_size", ("moe_intermediate_size",))
+    else:  # llama, mistral, qwen2, qwen3, gemma, mixtral, qwen3_moe, qwen2_moe, deepseek
+        moe: dict[str, Any] = {}
+        if family in ("qwen3_moe", "qwen2_moe", "deepseek", "deepseek_v2", "deepseek_v3"):
+            moe = _fine_grained_moe(config, prefix, family)
+            ffn = moe.pop("ffn_hidden_size")
         if ffn is None:
             raise SpecError(f"{prefix}.hf_config.intermediate_size", "required key is missing")
         out["ffn_hidden_size"] = ffn
@@ -232,6 +241,9 @@ def hf_config_to_arch(config: dict, seq_length: Optional[int], prefix: str) -> d
         head_dim = _get(config, prefix, "head_dim", ("head_dim",), required=False)
         if head_dim is not None:
             out["head_dim"] = head_dim
+        if family in ("deepseek_v2", "deepseek_v3"):
+            out.update(_latent_attention(config, prefix))
+            out["num_kv_heads"] = heads  # keys and values are up-projected for every head
         # These families always gate their MLP (act(W1 x) * W3 x): SiLU, or GELU in Gemma (GeGLU, the
         # same cost).
         out["activation"] = _activation(config, prefix, ("hidden_act", "hidden_activation"), "swiglu", gated=True)
@@ -240,15 +252,82 @@ def hf_config_to_arch(config: dict, seq_length: Optional[int], prefix: str) -> d
         out["position_embedding"] = "rope"
         # Gemma ties its LM head to the embedding
         out["tie_embeddings"] = _flag(config, prefix, "tie_word_embeddings", family == "gemma")
-        if family in ("mixtral", "qwen3_moe"):
+        if family == "mixtral":
             out["num_experts"] = _get(config, prefix, "num_experts",
                                       ("num_local_experts", "num_experts"))
             out["moe_top_k"] = _get(config, prefix, "moe_top_k",
                                     ("num_experts_per_tok", "num_experts_per_token", "moe_top_k"))
             out["moe_layer_frequency"] = 1
+        out.update(moe)
     out.setdefault("num_experts", 1)
     out.setdefault("moe_top_k", 1)
     out.setdefault("moe_layer_frequency", 1)
+    return out
+
+
+def _latent_attention(config: dict, prefix: str) -> dict:
+    """The multi-head latent attention keys of a DeepSeek-V2/V3 config: a query/key head of
+    ``qk_nope_head_dim + qk_rope_head_dim`` (``head_dim``), values of ``v_head_dim``, latents of ``kv_lora_rank``
+    and ``q_lora_rank`` (null in V2-Lite: queries come from the hidden state). V3's multi-token-prediction
+    module (``num_nextn_predict_layers``), which HuggingFace's model does not build either, is not counted."""
+    out: dict[str, Any] = {}
+    for key in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+        out[key] = _get(config, prefix, key, (key,))
+    out["q_lora_rank"] = _get(config, prefix, "q_lora_rank", ("q_lora_rank",), required=False) or 0
+    out["head_dim"] = out.pop("qk_nope_head_dim") + out["qk_rope_head_dim"]
+    return out
+
+
+def _fine_grained_moe(config: dict, prefix: str, family: str) -> dict:
+    """The MoE keys of Qwen3-MoE, Qwen1.5/2-MoE (``qwen2_moe``) and DeepSeek-MoE (``deepseek``) configs.
+
+    Their experts are ``moe_intermediate_size`` wide (``ffn_hidden_size``, one routed expert); their dense
+    layers, where they have any, ``intermediate_size`` (``dense_ffn_hidden_size``). Qwen makes layer i
+    (0-based) a MoE layer when ``(i + 1) % decoder_sparse_step == 0``, which is ``moe_layer_frequency``'s
+    rule; DeepSeek-MoE the layers from ``first_k_dense_replace`` on (``moe_first_dense_layers``).
+    """
+    out: dict[str, Any] = {"ffn_hidden_size": _get(config, prefix, "ffn_hidden_size", ("moe_intermediate_size",)),
+                           "moe_top_k": _get(config, prefix, "moe_top_k", ("num_experts_per_tok",))}
+    if family.startswith("deepseek"):
+        out["num_experts"] = _get(config, prefix, "num_experts", ("n_routed_experts",))
+        freq = _get(config, prefix, "moe_layer_frequency", ("moe_layer_freq",), required=False)
+        if freq is not None and freq != 1:
+            # DeepSeek's MoE layers are those i >= first_k_dense_replace with i % moe_layer_freq == 0; the run
+            # format's are the last of each group of moe_layer_frequency after the leading dense layers
+            raise SpecError(f"{prefix}.hf_config.moe_layer_freq",
+                            f"moe_layer_freq={freq} is not read: DeepSeek makes layer i a MoE layer when "
+                            "i % moe_layer_freq == 0, the run format the last of every moe_layer_frequency layers "
+                            "after the leading dense ones; only moe_layer_freq 1 places them alike")
+        out["moe_layer_frequency"] = 1
+        first_dense = _get(config, prefix, "moe_first_dense_layers", ("first_k_dense_replace",), required=False)
+        if first_dense is not None and first_dense < 0:
+            raise SpecError(f"{prefix}.hf_config.first_k_dense_replace",
+                            f"expected a non-negative integer, got {first_dense!r}")
+        out["moe_first_dense_layers"] = first_dense or 0
+        shared = _get(config, prefix, "n_shared_experts", ("n_shared_experts",), required=False) or 0
+        if shared < 0:
+            raise SpecError(f"{prefix}.hf_config.n_shared_experts", f"expected a non-negative integer, got {shared}")
+        # the shared experts are one SwiGLU MLP of their total width
+        out["moe_shared_ffn_hidden_size"] = shared * out["ffn_hidden_size"]
+    else:  # qwen3_moe, qwen2_moe
+        out["num_experts"] = _get(config, prefix, "num_experts", ("num_experts",))
+        only = config.get("mlp_only_layers")
+        if only:
+            raise SpecError(f"{prefix}.hf_config.mlp_only_layers",
+                            f"dense layers at listed positions ({only!r}) are not in the run format: it places "
+                            "dense layers only first or between MoE layers every decoder_sparse_step-th layer")
+        step = _get(config, prefix, "moe_layer_frequency", ("decoder_sparse_step",), required=False)
+        if step is not None and step < 1:
+            raise SpecError(f"{prefix}.hf_config.decoder_sparse_step", f"expected a positive integer, got {step}")
+        out["moe_layer_frequency"] = step or 1
+        if family == "qwen2_moe":
+            # the shared expert, one SwiGLU MLP of shared_expert_intermediate_size; its sigmoid gate (a linear
+            # layer h -> 1, h parameters per layer) is not counted: negligible
+            out["moe_shared_ffn_hidden_size"] = _get(config, prefix, "moe_shared_ffn_hidden_size",
+                                                     ("shared_expert_intermediate_size",))
+    if out.get("moe_first_dense_layers") or out["moe_layer_frequency"] > 1:
+        # dense layers: intermediate_size wide (a config with only MoE layers leaves it unused, and so unread)
+        out["dense_ffn_hidden_size"] = _get(config, prefix, "ffn_hidden_size", ("intermediate_size",))
     return out
 
 

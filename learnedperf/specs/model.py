@@ -50,12 +50,26 @@ class ModelSpec(Spec):
     num_kv_heads: int = Field(ge=1)
     head_dim: int = Field(ge=1, description="width of one attention head; default hidden_size / heads "
                                             "(Qwen3 and Gemma set it apart)")
+    kv_lora_rank: int = Field(default=0, ge=0, description="width of the compressed key-value latent of multi-head "
+                              "latent attention (MLA, DeepSeek-V2/V3); 0: ordinary attention")
+    q_lora_rank: int = Field(default=0, ge=0, description="width of MLA's compressed query latent (0: queries are "
+                             "projected from the hidden state directly)")
+    qk_rope_head_dim: int = Field(default=0, ge=0, description="MLA: the rotary part of each query and key head, "
+                                  "of head_dim; its key part is one per token, shared by the heads")
+    v_head_dim: int = Field(ge=1, description="width of one value head; default head_dim (MLA sets it apart)")
     ffn_hidden_size: int = Field(ge=1)
     vocab_size: int = Field(ge=1)
     seq_length: int = Field(ge=1)
     num_experts: int = Field(default=1, ge=1)
     moe_top_k: int = Field(default=1, ge=1)
     moe_layer_frequency: int = Field(default=1, ge=1, description="every k-th layer is a MoE layer")
+    moe_first_dense_layers: int = Field(default=0, ge=0, description="leading layers with a dense MLP before the "
+                                        "first MoE layer (DeepSeek-MoE's first_k_dense_replace)")
+    moe_shared_ffn_hidden_size: int = Field(default=0, ge=0, description="width of the shared experts every token "
+                                            "of a MoE layer runs beside its routed ones, all shared experts "
+                                            "together (0: none)")
+    dense_ffn_hidden_size: int = Field(ge=1, description="FFN width of a MoE model's dense layers; default "
+                                                         "ffn_hidden_size, the width of one expert")
     activation: Literal["gelu", "swiglu", "relu"]
     norm: Literal["layernorm", "rmsnorm"]
     causal: bool
@@ -78,8 +92,12 @@ class ModelSpec(Spec):
             out["num_kv_heads"] = heads
         if "head_dim" not in out and isinstance(h, int) and isinstance(heads, int) and heads > 0:
             out["head_dim"] = h // heads
+        if "v_head_dim" not in out and "head_dim" in out:
+            out["v_head_dim"] = out["head_dim"]
         if "ffn_hidden_size" not in out and isinstance(h, int):
             out["ffn_hidden_size"] = _llama_ffn(h) if out.get("activation") == "swiglu" else 4 * h
+        if "dense_ffn_hidden_size" not in out and "ffn_hidden_size" in out:
+            out["dense_ffn_hidden_size"] = out["ffn_hidden_size"]
         if arch == "moe":
             out.setdefault("moe_top_k", 2)
         return out
@@ -99,22 +117,90 @@ class ModelSpec(Spec):
         if self.moe_top_k > self.num_experts:
             raise FieldValueError("moe_top_k",
                                   f"moe_top_k={self.moe_top_k} exceeds num_experts={self.num_experts}")
+        if self.kv_lora_rank:
+            if self.num_kv_heads != self.num_attention_heads:
+                raise FieldValueError("num_kv_heads", f"latent attention (kv_lora_rank={self.kv_lora_rank}) "
+                                      f"up-projects keys and values for every head: num_kv_heads={self.num_kv_heads} "
+                                      f"must equal num_attention_heads={self.num_attention_heads}")
+            if self.qk_rope_head_dim >= self.head_dim:
+                raise FieldValueError("qk_rope_head_dim", f"qk_rope_head_dim={self.qk_rope_head_dim} must be "
+                                      f"below head_dim={self.head_dim} (the rotary part of a query/key head)")
+        else:
+            for key, value, default in (("q_lora_rank", self.q_lora_rank, 0),
+                                        ("qk_rope_head_dim", self.qk_rope_head_dim, 0),
+                                        ("v_head_dim", self.v_head_dim, self.head_dim)):
+                if value != default:
+                    raise FieldValueError(key, f"{key}={value} needs latent attention (kv_lora_rank > 0)")
+        if self.arch != "moe":
+            for key, value, default in (("moe_first_dense_layers", self.moe_first_dense_layers, 0),
+                                        ("moe_shared_ffn_hidden_size", self.moe_shared_ffn_hidden_size, 0),
+                                        ("dense_ffn_hidden_size", self.dense_ffn_hidden_size, self.ffn_hidden_size)):
+                if value != default:
+                    raise FieldValueError(key, f"{key}={value} needs arch 'moe'")
+        elif self.num_moe_layers < 1:
+            raise FieldValueError("moe_first_dense_layers",
+                                  f"no MoE layer left: {self.moe_first_dense_layers} leading dense layers, then "
+                                  f"every {self.moe_layer_frequency}-th of {self.num_layers} layers")
         return self
 
     def to_dict(self) -> dict:
-        """JSON-compatible dict; ``head_dim`` only where it is not ``hidden_size / heads``, so that a run
-        written before the field existed serialises (and hashes) as it did."""
+        """JSON-compatible dict; ``head_dim`` only where it is not ``hidden_size / heads``, and the MoE layout
+        and latent-attention keys only where they differ from their defaults, so that a run written before
+        these fields existed serialises (and hashes) as it did."""
         out = super().to_dict()
         if out.get("head_dim") == self.hidden_size // self.num_attention_heads:
             del out["head_dim"]
+        for key, default in (("moe_first_dense_layers", 0), ("moe_shared_ffn_hidden_size", 0),
+                             ("dense_ffn_hidden_size", self.ffn_hidden_size), ("kv_lora_rank", 0),
+                             ("q_lora_rank", 0), ("qk_rope_head_dim", 0), ("v_head_dim", self.head_dim)):
+            if out.get(key) == default:
+                del out[key]
         return out
 
     # ------------------------------------------------------------------ derived
     @property
     def attention_width(self) -> int:
-        """Width of the attention's query and output projections: heads × head_dim (``hidden_size`` unless
-        ``head_dim`` is set apart)."""
+        """Width of the attention's queries: heads × head_dim (``hidden_size`` unless ``head_dim`` is set
+        apart)."""
         return self.num_attention_heads * self.head_dim
+
+    @property
+    def value_width(self) -> int:
+        """Width of the attention's values and of the output projection's input: heads × v_head_dim."""
+        return self.num_attention_heads * self.v_head_dim
+
+    @property
+    def is_mla(self) -> bool:
+        """True for multi-head latent attention (DeepSeek-V2/V3)."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def attention_params(self) -> int:
+        """Weights of the attention's projections (no norms, no biases).
+
+        Ordinary attention: Q, K, V and the output projection. MLA (DeepSeek-V2 report, arXiv 2405.04434,
+        section 2.1): queries down to ``q_lora_rank`` and up to heads × head_dim (or straight from the hidden
+        state), keys and values down to ``kv_lora_rank`` plus one shared rotary key of ``qk_rope_head_dim``,
+        then up to every head's non-rotary key and its value, and the output projection from heads ×
+        v_head_dim."""
+        h, a = self.hidden_size, self.num_attention_heads
+        out = self.value_width * h
+        if not self.is_mla:
+            return out + h * (a + 2 * self.num_kv_heads) * self.head_dim
+        q_lora, kv_lora = self.q_lora_rank, self.kv_lora_rank
+        q = q_lora * (h + self.attention_width) if q_lora else h * self.attention_width
+        kv = h * (kv_lora + self.qk_rope_head_dim) + kv_lora * a * (self.head_dim - self.qk_rope_head_dim
+                                                                    + self.v_head_dim)
+        return q + kv + out
+
+    @property
+    def tp_replicated_layer_params(self) -> int:
+        """Parameters of one layer that every tensor-parallel rank keeps whole: MLA's down projections and
+        their norms (Megatron-Core duplicates them); 0 otherwise (norms are counted as split, a few KB)."""
+        if not self.is_mla:
+            return 0
+        h, q_lora, kv_lora = self.hidden_size, self.q_lora_rank, self.kv_lora_rank
+        return (h + 1) * q_lora + h * (kv_lora + self.qk_rope_head_dim) + kv_lora
 
     @property
     def is_moe(self) -> bool:
@@ -124,7 +210,20 @@ class ModelSpec(Spec):
     @property
     def num_moe_layers(self) -> int:
         """Number of layers whose MLP is a mixture of experts."""
-        return self.num_layers // self.moe_layer_frequency if self.is_moe else 0
+        return self.moe_layers_in(0, self.num_layers)
+
+    def moe_layers_in(self, first: int, count: int) -> int:
+        """How many of the ``count`` layers from layer ``first`` (0-based) are MoE layers.
+
+        After ``moe_first_dense_layers`` dense layers, every ``moe_layer_frequency``-th layer is one, the
+        last of each group (GShard's and Switch's every other layer are layers 1, 3, 5, ...), as DeepSeek-MoE
+        places its MoE layers after ``first_k_dense_replace`` dense ones.
+        """
+        if not self.is_moe:
+            return 0
+        k, freq = self.moe_first_dense_layers, self.moe_layer_frequency
+        lo, hi = max(first, k), max(first + count, k)
+        return (hi - k) // freq - (lo - k) // freq
 
     @property
     def mlp_matrices(self) -> int:
@@ -136,19 +235,24 @@ class ModelSpec(Spec):
         """Parameters of one MLP (one expert of a MoE layer), without biases."""
         return self.mlp_matrices * self.hidden_size * self.ffn_hidden_size
 
+    @property
+    def shared_mlp_params(self) -> int:
+        """Parameters of a MoE layer's shared experts (0 without them); they are not sharded over experts."""
+        return self.mlp_matrices * self.hidden_size * self.moe_shared_ffn_hidden_size
+
     def layer_params(self, moe: bool = False) -> int:
         """Parameters of one transformer layer (dense, or MoE when ``moe``)."""
-        h, f, hd = self.hidden_size, self.ffn_hidden_size, self.head_dim
-        qkv = h * (self.num_attention_heads + 2 * self.num_kv_heads) * hd
-        attn = qkv + self.attention_width * h
-        mlp = self.mlp_params
-        norm = (2 if self.norm == "layernorm" else 1) * h * 2
+        h, f, hd = self.hidden_size, self.dense_ffn_hidden_size, self.head_dim
+        attn = self.attention_params
+        norm = (2 if self.norm == "layernorm" else 1) * h * 2 + self.q_lora_rank + self.kv_lora_rank  # MLA's
         bias = 0
         if self.arch in ("gpt", "bert"):
             bias = (self.num_attention_heads + 2 * self.num_kv_heads) * hd + h + f + h
         if moe:
-            return attn + norm + bias + self.num_experts * mlp + h * self.num_experts
-        return attn + mlp + norm + bias
+            # routed experts, the router (h x experts) and the shared experts
+            return attn + norm + bias + self.num_experts * self.mlp_params + h * self.num_experts \
+                + self.shared_mlp_params
+        return attn + self.mlp_matrices * h * f + norm + bias
 
     def embedding_params(self) -> int:
         """Parameters of the input embedding (and learned positions)."""
@@ -177,8 +281,9 @@ class ModelSpec(Spec):
     def from_hf_config(cls, config: dict, seq_length: Optional[int] = None, prefix: str = "model") -> "ModelSpec":
         """Build a spec from a HuggingFace ``config.json`` dict.
 
-        Supports GPT-2, GPT-J/NeoX, OPT, BERT/RoBERTa, Llama/Mistral/Qwen2 and
-        Mixtral/Switch-style MoE configs. ``seq_length`` defaults to the config's
+        Supports GPT-2, GPT-J/NeoX, OPT, BERT/RoBERTa, Llama/Mistral/Qwen2/Qwen3/Gemma, and Mixtral,
+        Qwen3-MoE, Qwen1.5/2-MoE, DeepSeek-MoE (shared experts, leading dense layers), DeepSeek-V2/V3
+        (latent attention) and Switch-style MoE configs. ``seq_length`` defaults to the config's
         maximum position count.
         """
         from .hf import hf_config_to_arch  # local: keeps the mapping table out of import time

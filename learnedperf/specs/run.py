@@ -74,8 +74,9 @@ class RunSpec(Spec):
         return cls.from_dict(data)
 
     def to_dict(self) -> dict:
-        """Inline, JSON-compatible form of the run."""
+        """Inline, JSON-compatible form of the run (the model's keys as :meth:`ModelSpec.to_dict` writes them)."""
         out = super().to_dict()
+        out["model"] = self.model.to_dict()
         if not out.get("meta"):
             out.pop("meta", None)
         return out
@@ -165,8 +166,10 @@ def _complete_strategy(model: ModelSpec, hw: HardwareSpec, s: Strategy) -> Strat
     if kv % s.tp and s.tp % kv:
         raise SpecError("strategy.tp", f"tp={s.tp} and num_kv_heads={kv} of {model.name}: "
                                        "one must divide the other")
-    if model.ffn_hidden_size % s.tp:
-        raise SpecError("strategy.tp", f"tp={s.tp} does not divide ffn_hidden_size={model.ffn_hidden_size}")
+    for key in ("ffn_hidden_size", "dense_ffn_hidden_size", "moe_shared_ffn_hidden_size"):
+        width = getattr(model, key)
+        if width % s.tp:
+            raise SpecError("strategy.tp", f"tp={s.tp} does not divide {key}={width}")
     v = s.virtual_pipeline_stages
     if model.num_layers < s.pp * v:
         raise SpecError("strategy.pp", f"pp·virtual_pipeline_stages = {s.pp * v} exceeds "
