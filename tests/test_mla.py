@@ -189,3 +189,10 @@ def test_published_rows_of_deepseek_v2_and_v3_take_the_catalog_architecture(tmp_
     v3, lite = (RunSpec.from_dict(r.run).model for r in got.runs)
     assert (v3.kv_lora_rank, v3.q_lora_rank, v3.num_experts, v3.moe_first_dense_layers) == (512, 1536, 256, 3)
     assert (lite.kv_lora_rank, lite.q_lora_rank, lite.num_experts, lite.num_attention_heads) == (512, 0, 64, 16)
+
+
+def test_latent_attention_without_rotary_dimensions_has_no_rotary_kernel():
+    # a rotary part of 0 dimensions is no kernel at all (a 0-element op would still cost a launch)
+    run = make_run(dict(SMALL, qk_rope_head_dim=0, position_embedding="learned"), num_devices=1)
+    assert "layer.attn.rope" not in layer_ops(run)
+    assert "layer.attn.rope" in layer_ops(make_run(SMALL, num_devices=1))

@@ -131,9 +131,10 @@ def layer_forward(model: ModelSpec, sh: Shard, moe: bool = False, prefix: str = 
         gemm("kv_down", kv_lora + rope, h)
         ops.append(elementwise(f"{prefix}.attn.kv_norm", norm, "fwd", T * kv_lora, 1, 1, e, dt, 5.0, kv_lora))
         gemm("kv_up", a_local * (hd - rope + vd), kv_lora)
-        # rotary positions on each query head's rotary part and on the one rotary key a token shares
-        ops.append(elementwise(f"{prefix}.attn.rope", "elementwise", "fwd", T * (a_local + 1) * rope,
-                               1, 1, e, dt, 3.0, rope))
+        if rope:
+            # rotary positions on each query head's rotary part and on the one rotary key a token shares
+            ops.append(elementwise(f"{prefix}.attn.rope", "elementwise", "fwd", T * (a_local + 1) * rope,
+                                   1, 1, e, dt, 3.0, rope))
         kv_local = a_local  # keys and values are up-projected for every head
     else:
         qkv_out = (a_local + 2 * kv_local) * hd
