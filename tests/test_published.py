@@ -786,3 +786,16 @@ def test_a_row_of_a_shared_expert_moe_the_catalog_lacks_says_why_it_is_skipped(t
     # the message names the catalog models that have shared experts, which a row can name instead
     assert "deepseek-moe-16b" in why and "qwen2-57b-a14b" in why
     assert ("latent attention" in why) == ("latent attention (MLA)" in reasons)
+
+
+@pytest.mark.parametrize("name, layers, hidden, heads", [
+    ("DeepSeek-R1-Distill-Llama-8B", 32, 4096, 32),  # R1 distilled into dense Llama and Qwen models
+    ("DeepSeek-R1-Distill-Qwen-7B", 28, 3584, 28),
+    ("DeepSeek-LLM-67B", 95, 8192, 64),  # DeepSeek's dense models
+])
+def test_dense_deepseek_models_are_not_read_as_moes(tmp_path, name, layers, hidden, heads):
+    got = load_published(_hybrid_table(tmp_path, {"num_gpus": "8", "model": name, "num_layers": str(layers),
+                                                  "hidden_size": str(hidden), "num_heads": str(heads)}))
+    assert not got.skipped, got.skipped
+    model = RunSpec.from_dict(got.runs[0].run).model
+    assert (model.arch, model.is_moe, model.is_mla) == ("llama", False, False)

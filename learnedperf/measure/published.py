@@ -247,9 +247,10 @@ _MOE_EVERY = re.compile(r"every\s+(?:other|second|2nd)\s+(?:ffn\s+|mlp\s+)?layer
                         r"|layer[\s_-]*freq\w*\s*[=:]?\s*(\d+)|expert[\s_-]*interval\s*[=:]?\s*(\d+)")
 # MoE names the family words miss: the active parameters beside the total ("Qwen3-30B-A3B", "Qwen3-235B-A22B"),
 # and families whose every release is a MoE: Llama 4 (Scout, Maverick), gpt-oss, DeepSeek-MoE, DeepSeek-V2/V3/R1
-# (Coder-V2 too) and Qwen's "-MoE" releases
+# (Coder-V2 too; not R1's distillations into dense Llama and Qwen models) and Qwen's "-MoE" releases
 _MOE_NAMES = re.compile(r"\d(?:\.\d+)?\s*b[\s_-]*a\d+(?:\.\d+)?\s*b\b|llama[\s_-]*4(?!\d)|gpt[\s_-]*oss"
-                        r"|deepseek[\w.-]*?[\s_-]?(?:v[23]|r1)(?!\d)|deepseek[\s_-]*moe|qwen[\d.]*[\s_-]*moe")
+                        r"|deepseek[\w.-]*?[\s_-]?(?:v[23]|r1)(?!\d)(?![\w.\s-]*distill)|deepseek[\s_-]*moe"
+                        r"|qwen[\d.]*[\s_-]*moe")
 # MoE designs a row cannot describe, with the reason each is skipped. Shared (always-on) experts, as DeepSeek-MoE/
 # V2/V3, Qwen1.5/2-MoE and Llama 4 have them, and DeepSeek-V2/V3's (and R1's) latent attention (MLA): the run format
 # has their widths (moe_shared_ffn_hidden_size, kv_lora_rank, ...), a row's columns do not, so only a catalog entry
