@@ -137,7 +137,6 @@ class RunContext:
         self.flops_per_seq = self.flops_fwd_per_seq + g.total_flops("bwd")
         m, dev = model, hardware.device
         self.num_params = float(m.num_params())
-        self.kv_dim = m.num_kv_heads * m.head_dim
         self.num_moe_layers = m.num_moe_layers
         self.is_cpu = 1.0 if dev.name.lower().startswith("cpu") else 0.0
         self.static = [math.log(self.num_params), float(m.num_layers), math.log(m.hidden_size),
