@@ -84,10 +84,27 @@ def _autocast_gemm(ops: list[Op], sh: Shard, name: str, weights: float, inputs: 
         ops.append(cast(f"{name}.input", "fwd", inputs, 4, sh.e, sh.dtype))
 
 
+def _fp8_cast(ops: list[Op], sh: Shard, name: str, numel: float, fused: bool) -> None:
+    """In an fp8 run, the quantisation of a GEMM's ``numel``-element bf16 input before the GEMM.
+
+    Transformer Engine's ``cast_transpose`` reads the bf16 tensor (2 bytes an element) and writes its fp8
+    copy and the fp8 transpose the weight-gradient GEMM takes (1 + 1), its amax fused in. Where a norm or
+    an activation produces the input (``fused``), TE's kernel writes fp8 itself and only the transpose is
+    left (1 byte read, 1 written). Named ``*.fp8_cast``: its gradient passes straight through
+    (:func:`backward_of` adds no op); the output gradient's own cast is the GEMM's backward's.
+    """
+    if sh.dtype == "fp8":
+        ops.append(Op(f"{name}.fp8_cast", "elementwise", "fwd", float(numel), float(numel * (2 if fused else 4)),
+                      "fp8", (int(numel), 1)))
+
+
 def layer_forward(model: ModelSpec, sh: Shard, moe: bool = False, prefix: str = "layer") -> list[Op]:
     """Forward ops of one transformer layer on one rank, TP/SP/CP/EP collectives included."""
     h, hd, t, e, dt = model.hidden_size, model.head_dim, sh.tp, sh.e, sh.dtype
     er, rdt = sh.e_res, sh.res_dtype  # residual stream and norms (fp32 under autocast)
+    # an fp8 recipe runs the layers' linear layers in fp8, attention's products and the router in bf16
+    # (Transformer Engine's fp8 covers its Linear modules; Megatron-Core's router is a plain linear)
+    hdt = "bf16" if dt == "fp8" else dt
     a_local = model.num_attention_heads // t
     kv_local = max(1, model.num_kv_heads // t)
     T = sh.tokens
@@ -120,6 +137,7 @@ def layer_forward(model: ModelSpec, sh: Shard, moe: bool = False, prefix: str = 
 
         def gemm(tag: str, n: int, k: int) -> None:
             _autocast_gemm(ops, sh, f"{prefix}.attn.{tag}", k * n, T * k if k == h else 0.0)
+            _fp8_cast(ops, sh, f"{prefix}.attn.{tag}", T * k, True)  # after a norm
             ops.append(matmul(f"{prefix}.attn.{tag}", "fwd", T, n, k, dt, e))
 
         if q_lora:
@@ -139,6 +157,7 @@ def layer_forward(model: ModelSpec, sh: Shard, moe: bool = False, prefix: str = 
     else:
         qkv_out = (a_local + 2 * kv_local) * hd
         _autocast_gemm(ops, sh, f"{prefix}.attn.qkv", h * qkv_out, T * h)
+        _fp8_cast(ops, sh, f"{prefix}.attn.qkv", T * h, True)
         ops.append(matmul(f"{prefix}.attn.qkv", "fwd", T, qkv_out, h, dt, e))
         if model.position_embedding == "rope":
             ops.append(elementwise(f"{prefix}.attn.rope", "elementwise", "fwd", T * (a_local + kv_local) * hd,
@@ -156,15 +175,16 @@ def layer_forward(model: ModelSpec, sh: Shard, moe: bool = False, prefix: str = 
                       (sh.b, a_local, sh.s, sh.s_kv, (hd + vd) // 2), None, causal))
     else:
         bh = sh.b * a_local
-        ops.append(matmul(f"{prefix}.attn.scores", "fwd", sh.s, sh.s_kv, hd, dt, e, batch=bh))
+        ops.append(matmul(f"{prefix}.attn.scores", "fwd", sh.s, sh.s_kv, hd, hdt, e, batch=bh))
         scores = bh * sh.s * sh.s_kv
         # Megatron's fused scale-mask-softmax reads and writes the s² scores once
         ops.append(elementwise(f"{prefix}.attn.softmax", "softmax", "fwd", scores, 1, 1, e, dt, 5.0, sh.s_kv))
         if dropout:
             ops.append(elementwise(f"{prefix}.attn.dropout", "elementwise", "fwd", scores, 1, 1, e, dt, 2.0,
                                    sh.s_kv))
-        ops.append(matmul(f"{prefix}.attn.context", "fwd", sh.s, vd, sh.s_kv, dt, e, batch=bh))
+        ops.append(matmul(f"{prefix}.attn.context", "fwd", sh.s, vd, sh.s_kv, hdt, e, batch=bh))
     _autocast_gemm(ops, sh, f"{prefix}.attn.proj", a_local * vd * h)
+    _fp8_cast(ops, sh, f"{prefix}.attn.proj", T * a_local * vd, False)  # attention's bf16 output
     ops.append(matmul(f"{prefix}.attn.proj", "fwd", T, h, a_local * vd, dt, e))
     tp_out("attn")
     ops.append(elementwise(f"{prefix}.attn.residual", "elementwise", "fwd", T_norm * h, 2, 1, er, rdt, 2.0, h))
@@ -178,10 +198,12 @@ def layer_forward(model: ModelSpec, sh: Shard, moe: bool = False, prefix: str = 
         w_local = width // t
         w_up = w_local * (2 if gated else 1)
         _autocast_gemm(ops, sh, f"{prefix}.{tag}.fc1", h * w_up, T * h)
+        _fp8_cast(ops, sh, f"{prefix}.{tag}.fc1", T * h, True)
         ops.append(matmul(f"{prefix}.{tag}.fc1", "fwd", T, w_up, h, dt, e))
         ops.append(elementwise(f"{prefix}.{tag}.act", "elementwise", "fwd", T * w_local, 2 if gated else 1, 1, e,
                                dt, 8.0, w_local))
         _autocast_gemm(ops, sh, f"{prefix}.{tag}.fc2", w_local * h)
+        _fp8_cast(ops, sh, f"{prefix}.{tag}.fc2", T * w_local, True)
         ops.append(matmul(f"{prefix}.{tag}.fc2", "fwd", T, h, w_local, dt, e))
 
     if moe:
@@ -189,7 +211,7 @@ def layer_forward(model: ModelSpec, sh: Shard, moe: bool = False, prefix: str = 
         up = f_local * (2 if gated else 1)
         E, k = model.num_experts, model.moe_top_k
         _autocast_gemm(ops, sh, f"{prefix}.moe.router", h * E, T * h)
-        ops.append(matmul(f"{prefix}.moe.router", "fwd", T, E, h, dt, e))
+        ops.append(matmul(f"{prefix}.moe.router", "fwd", T, E, h, hdt, e))
         ops.append(elementwise(f"{prefix}.moe.topk", "softmax", "fwd", T * E, 1, 1, 4, "fp32", 5.0, E))
         routed = T * k  # token copies this rank sends out and (balanced) receives back
         if sh.ep > 1:
@@ -198,10 +220,12 @@ def layer_forward(model: ModelSpec, sh: Shard, moe: bool = False, prefix: str = 
         rows = max(1, routed // local_experts)  # tokens per local expert (balanced routing)
         # the router already cast the tokens: only the expert weights are new
         _autocast_gemm(ops, sh, f"{prefix}.mlp.fc1", local_experts * h * up)
+        _fp8_cast(ops, sh, f"{prefix}.mlp.fc1", rows * local_experts * h, False)  # dispatched tokens
         ops.append(matmul(f"{prefix}.mlp.fc1", "fwd", rows, up, h, dt, e, batch=local_experts))
         ops.append(elementwise(f"{prefix}.mlp.act", "elementwise", "fwd", routed * f_local, 2 if gated else 1, 1,
                                e, dt, 8.0, f_local))
         _autocast_gemm(ops, sh, f"{prefix}.mlp.fc2", local_experts * f_local * h)
+        _fp8_cast(ops, sh, f"{prefix}.mlp.fc2", rows * local_experts * f_local, True)
         ops.append(matmul(f"{prefix}.mlp.fc2", "fwd", rows, h, f_local, dt, e, batch=local_experts))
         if sh.ep > 1:
             ops.append(comm(f"{prefix}.moe.combine", "alltoall", "fwd", routed * h * e, sh.ep_group, dt))
@@ -230,9 +254,15 @@ def backward_of(fwd: list[Op]) -> list[Op]:
     out: list[Op] = []
     for op in reversed(fwd):
         name = op.name
+        if name.endswith(".fp8_cast"):
+            continue  # a quantisation's gradient passes straight through
         if op.kind == "matmul":
             b, m, n, k = op.shape
             e = op.bytes / max(1, b * (m * k + k * n + m * n))
+            if op.dtype == "fp8":
+                # the output gradient's cast_transpose to fp8 (2 bytes read, 1 + 1 written), for both GEMMs
+                out.append(Op(f"{name}.grad_fp8_cast", "elementwise", "bwd", float(b * m * n), float(b * m * n * 4),
+                              "fp8", (b * m * n, 1)))
             out.append(Op(f"{name}.dgrad", "matmul", "bwd", op.flops, float(b * (m * n + n * k + m * k) * e),
                           op.dtype, (b, m, k, n)))
             out.append(Op(f"{name}.wgrad", "matmul", "bwd", op.flops, float(b * (m * k + m * n + k * n) * e),
@@ -289,7 +319,10 @@ def embedding_backward(model: ModelSpec, sh: Shard, tied_here: bool) -> list[Op]
 
 def head_forward(model: ModelSpec, sh: Shard) -> list[Op]:
     """Final norm, LM head GEMM and (vocab-parallel) cross-entropy on the last stage."""
-    h, e, dt, T, t = model.hidden_size, sh.e, sh.dtype, sh.tokens, sh.tp
+    h, e, T, t = model.hidden_size, sh.e, sh.tokens, sh.tp
+    # the output layer stays bf16 in fp8 recipes (Megatron-Core's output_layer is no Transformer Engine
+    # module; torchtitan's float8 conversion skips "output")
+    dt = "bf16" if sh.dtype == "fp8" else sh.dtype
     v_local = -(-model.vocab_size // t)
     T_norm = T // t if sh.sp else T
     ops = [elementwise(f"head.{model.norm}", model.norm, "fwd", T_norm * h, 1, 1, sh.e_res, sh.res_dtype, 5.0, h)]
@@ -318,12 +351,19 @@ def optimizer_ops(params: float, optimizer: str, precision: str) -> list[Op]:
     """
     if optimizer == "none":
         return []
+    fp8 = precision == "fp8"
     if optimizer == "adam":
-        per_param = 4 * 4 + 3 * 4 + (dtype_bytes(precision) if precision not in ("fp32", "tf32") else 0) + 4
+        # the low-precision copy: fp8 runs keep bf16 weights
+        copy = 2 if fp8 else dtype_bytes(precision) if precision not in ("fp32", "tf32") else 0
+        per_param = 4 * 4 + 3 * 4 + copy + 4
         flops = 12.0
     else:
         per_param = 4 * 3 + 4
         flops = 2.0
+    if fp8:
+        # each weight is cast to fp8 once a step: the first micro-batch's cast_transpose, which Transformer
+        # Engine caches for the others (2 bytes read, 1 + 1 written)
+        per_param += 4
     # named after the optimizer: a device with a measured step rate per optimizer is costed on it
     return [Op(f"optimizer.{optimizer}", "optimizer", "opt", flops * params, float(per_param * params), "fp32",
                (int(params), 1))]
