@@ -114,6 +114,13 @@ def layer_forward(model: ModelSpec, sh: Shard, moe: bool = False, prefix: str = 
     norm = model.norm
     dropout = model.arch in ("gpt", "bert")
 
+    def linear(name: str, m: int, n: int, k: int, inputs: float = 0.0, fused: bool = True, batch: int = 1) -> None:
+        # one linear layer: autocast's casts of its fp32 weight and (``inputs`` elements) input, an fp8 run's
+        # cast of its input (``fused``: written by a norm or an activation), then the GEMM
+        _autocast_gemm(ops, sh, name, batch * k * n, inputs)
+        _fp8_cast(ops, sh, name, batch * m * k, fused)
+        ops.append(matmul(name, "fwd", m, n, k, dt, e, batch=batch))
+
     def tp_in(tag: str) -> None:
         # entering a column-parallel block: identity (no SP) or all-gather of the sequence shards (SP)
         if t > 1 and sh.sp:
@@ -133,32 +140,25 @@ def layer_forward(model: ModelSpec, sh: Shard, moe: bool = False, prefix: str = 
         # multi-head latent attention (DeepSeek-V2 report, arXiv 2405.04434, section 2.1): the down projections
         # and their norms run whole on every tensor-parallel rank (Megatron-Core duplicates them), the up
         # projections are column-parallel over the heads
+        # (keys and values are up-projected for every head: ModelSpec holds num_kv_heads = heads, so kv_local
+        # is a_local); every projection reads a norm's output, the down projections the fp32 residual's
         q_lora, kv_lora, rope = model.q_lora_rank, model.kv_lora_rank, model.qk_rope_head_dim
-
-        def gemm(tag: str, n: int, k: int) -> None:
-            _autocast_gemm(ops, sh, f"{prefix}.attn.{tag}", k * n, T * k if k == h else 0.0)
-            _fp8_cast(ops, sh, f"{prefix}.attn.{tag}", T * k, True)  # after a norm
-            ops.append(matmul(f"{prefix}.attn.{tag}", "fwd", T, n, k, dt, e))
-
         if q_lora:
-            gemm("q_down", q_lora, h)
+            linear(f"{prefix}.attn.q_down", T, q_lora, h, T * h)
             ops.append(elementwise(f"{prefix}.attn.q_norm", norm, "fwd", T * q_lora, 1, 1, e, dt, 5.0, q_lora))
-            gemm("q_up", a_local * hd, q_lora)
+            linear(f"{prefix}.attn.q_up", T, a_local * hd, q_lora)
         else:
-            gemm("q", a_local * hd, h)
-        gemm("kv_down", kv_lora + rope, h)
+            linear(f"{prefix}.attn.q", T, a_local * hd, h, T * h)
+        linear(f"{prefix}.attn.kv_down", T, kv_lora + rope, h, T * h)
         ops.append(elementwise(f"{prefix}.attn.kv_norm", norm, "fwd", T * kv_lora, 1, 1, e, dt, 5.0, kv_lora))
-        gemm("kv_up", a_local * (hd - rope + vd), kv_lora)
+        linear(f"{prefix}.attn.kv_up", T, a_local * (hd - rope + vd), kv_lora)
         if rope:
             # rotary positions on each query head's rotary part and on the one rotary key a token shares
             ops.append(elementwise(f"{prefix}.attn.rope", "elementwise", "fwd", T * (a_local + 1) * rope,
                                    1, 1, e, dt, 3.0, rope))
-        kv_local = a_local  # keys and values are up-projected for every head
     else:
         qkv_out = (a_local + 2 * kv_local) * hd
-        _autocast_gemm(ops, sh, f"{prefix}.attn.qkv", h * qkv_out, T * h)
-        _fp8_cast(ops, sh, f"{prefix}.attn.qkv", T * h, True)
-        ops.append(matmul(f"{prefix}.attn.qkv", "fwd", T, qkv_out, h, dt, e))
+        linear(f"{prefix}.attn.qkv", T, qkv_out, h, T * h)
         if model.position_embedding == "rope":
             ops.append(elementwise(f"{prefix}.attn.rope", "elementwise", "fwd", T * (a_local + kv_local) * hd,
                                    1, 1, e, dt, 3.0, hd))
@@ -183,9 +183,7 @@ def layer_forward(model: ModelSpec, sh: Shard, moe: bool = False, prefix: str = 
             ops.append(elementwise(f"{prefix}.attn.dropout", "elementwise", "fwd", scores, 1, 1, e, dt, 2.0,
                                    sh.s_kv))
         ops.append(matmul(f"{prefix}.attn.context", "fwd", sh.s, vd, sh.s_kv, hdt, e, batch=bh))
-    _autocast_gemm(ops, sh, f"{prefix}.attn.proj", a_local * vd * h)
-    _fp8_cast(ops, sh, f"{prefix}.attn.proj", T * a_local * vd, False)  # attention's bf16 output
-    ops.append(matmul(f"{prefix}.attn.proj", "fwd", T, h, a_local * vd, dt, e))
+    linear(f"{prefix}.attn.proj", T, h, a_local * vd, fused=False)  # attention's bf16 output
     tp_out("attn")
     ops.append(elementwise(f"{prefix}.attn.residual", "elementwise", "fwd", T_norm * h, 2, 1, er, rdt, 2.0, h))
     # --- MLP block
@@ -197,14 +195,10 @@ def layer_forward(model: ModelSpec, sh: Shard, moe: bool = False, prefix: str = 
         # a column-parallel up projection (gate and up together when gated), the activation, a row-parallel down
         w_local = width // t
         w_up = w_local * (2 if gated else 1)
-        _autocast_gemm(ops, sh, f"{prefix}.{tag}.fc1", h * w_up, T * h)
-        _fp8_cast(ops, sh, f"{prefix}.{tag}.fc1", T * h, True)
-        ops.append(matmul(f"{prefix}.{tag}.fc1", "fwd", T, w_up, h, dt, e))
+        linear(f"{prefix}.{tag}.fc1", T, w_up, h, T * h)
         ops.append(elementwise(f"{prefix}.{tag}.act", "elementwise", "fwd", T * w_local, 2 if gated else 1, 1, e,
                                dt, 8.0, w_local))
-        _autocast_gemm(ops, sh, f"{prefix}.{tag}.fc2", w_local * h)
-        _fp8_cast(ops, sh, f"{prefix}.{tag}.fc2", T * w_local, True)
-        ops.append(matmul(f"{prefix}.{tag}.fc2", "fwd", T, h, w_local, dt, e))
+        linear(f"{prefix}.{tag}.fc2", T, h, w_local)
 
     if moe:
         f_local = model.ffn_hidden_size // t
@@ -218,15 +212,12 @@ def layer_forward(model: ModelSpec, sh: Shard, moe: bool = False, prefix: str = 
             ops.append(comm(f"{prefix}.moe.dispatch", "alltoall", "fwd", routed * h * e, sh.ep_group, dt))
         local_experts = E // sh.ep
         rows = max(1, routed // local_experts)  # tokens per local expert (balanced routing)
-        # the router already cast the tokens: only the expert weights are new
-        _autocast_gemm(ops, sh, f"{prefix}.mlp.fc1", local_experts * h * up)
-        _fp8_cast(ops, sh, f"{prefix}.mlp.fc1", rows * local_experts * h, False)  # dispatched tokens
-        ops.append(matmul(f"{prefix}.mlp.fc1", "fwd", rows, up, h, dt, e, batch=local_experts))
+        # the router already cast the tokens for autocast: only the expert weights are new; fp8 casts the
+        # dispatched tokens whole
+        linear(f"{prefix}.mlp.fc1", rows, up, h, fused=False, batch=local_experts)
         ops.append(elementwise(f"{prefix}.mlp.act", "elementwise", "fwd", routed * f_local, 2 if gated else 1, 1,
                                e, dt, 8.0, f_local))
-        _autocast_gemm(ops, sh, f"{prefix}.mlp.fc2", local_experts * f_local * h)
-        _fp8_cast(ops, sh, f"{prefix}.mlp.fc2", rows * local_experts * f_local, True)
-        ops.append(matmul(f"{prefix}.mlp.fc2", "fwd", rows, h, f_local, dt, e, batch=local_experts))
+        linear(f"{prefix}.mlp.fc2", rows, h, f_local, batch=local_experts)
         if sh.ep > 1:
             ops.append(comm(f"{prefix}.moe.combine", "alltoall", "fwd", routed * h * e, sh.ep_group, dt))
         ops.append(elementwise(f"{prefix}.moe.weighted_sum", "elementwise", "fwd", routed * h, 1, 1, e, dt, 2.0, h))

@@ -64,10 +64,8 @@ def layer_activation_bytes(run) -> float:
     sp = s.sequence_parallel and t > 1
     T = b * seq
     q_hd = m.attention_width  # hidden_size unless head_dim is set apart
-    # keys, values and the projection input: latent attention up-projects keys and values for every head
-    k_hd = q_hd if m.is_mla else m.num_kv_heads * m.head_dim
-    v_hd = m.value_width if m.is_mla else k_hd
-    o_hd = m.value_width
+    # keys, values and the projection input (latent attention has num_kv_heads = heads and values of v_head_dim)
+    k_hd, v_hd, o_hd = m.num_kv_heads * m.head_dim, m.num_kv_heads * m.v_head_dim, m.value_width
     a = m.num_attention_heads
     dropout = m.arch in ("gpt", "bert")
     # FFN width a token passes through: top-k experts plus the shared ones in a MoE layer, the dense width

@@ -148,9 +148,8 @@ class ModelSpec(Spec):
         and latent-attention keys only where they differ from their defaults, so that a run written before
         these fields existed serialises (and hashes) as it did."""
         out = super().to_dict()
-        if out.get("head_dim") == self.hidden_size // self.num_attention_heads:
-            del out["head_dim"]
-        for key, default in (("moe_first_dense_layers", 0), ("moe_shared_ffn_hidden_size", 0),
+        for key, default in (("head_dim", self.hidden_size // self.num_attention_heads),
+                             ("moe_first_dense_layers", 0), ("moe_shared_ffn_hidden_size", 0),
                              ("dense_ffn_hidden_size", self.ffn_hidden_size), ("kv_lora_rank", 0),
                              ("q_lora_rank", 0), ("qk_rope_head_dim", 0), ("v_head_dim", self.head_dim)):
             if out.get(key) == default:
