@@ -136,12 +136,13 @@ HF_V3 = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3"
          "num_experts_per_tok": 8, "moe_layer_freq": 1, "first_k_dense_replace": 3, "q_lora_rank": 1536,
          "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
          "vocab_size": 129280, "max_position_embeddings": 163840, "hidden_act": "silu", "tie_word_embeddings": False,
-         "num_nextn_predict_layers": 1}
+         "num_nextn_predict_layers": 1, "n_group": 8, "topk_group": 4, "topk_method": "noaux_tc"}
 # deepseek-ai/DeepSeek-V2-Lite: no query latent (q_lora_rank null)
 HF_V2_LITE = dict(HF_V3, architectures=["DeepseekV2ForCausalLM"], model_type="deepseek_v2", hidden_size=2048,
                   intermediate_size=10944, moe_intermediate_size=1408, num_hidden_layers=27, num_attention_heads=16,
                   num_key_value_heads=16, n_shared_experts=2, n_routed_experts=64, num_experts_per_tok=6,
-                  first_k_dense_replace=1, q_lora_rank=None, vocab_size=102400)
+                  first_k_dense_replace=1, q_lora_rank=None, vocab_size=102400, n_group=1, topk_group=1,
+                  topk_method="greedy")
 
 
 @pytest.mark.parametrize("config, catalog", [(HF_V3, "deepseek-v3"), (HF_V2_LITE, "deepseek-v2-lite")])

@@ -14,7 +14,8 @@ One function, :func:`hf_config_to_arch`, maps the key names of each supported
   (``first_k_dense_replace``) and Qwen's dense layers between MoE layers (``decoder_sparse_step`` > 1) are
   read, the dense layers with the config's ``intermediate_size``. Dense layers at listed positions
   (``mlp_only_layers``) and DeepSeek's ``moe_layer_freq`` > 1 are refused. DeepSeek-V2/V3 (``deepseek_v2``,
-  ``deepseek_v3``) add multi-head latent attention (``kv_lora_rank`` and the other MLA keys)
+  ``deepseek_v3``) add multi-head latent attention (``kv_lora_rank`` and the other MLA keys) and
+  group-limited routing (``n_group``, ``topk_group`` unless ``topk_method`` is ``greedy``)
 
 A config without ``model_type`` is recognised from its ``architectures`` list,
 and failing that from the common key names (``hidden_size``/``n_embd``/``d_model``,
@@ -309,6 +310,13 @@ def _fine_grained_moe(config: dict, prefix: str, family: str) -> dict:
             raise SpecError(f"{prefix}.hf_config.n_shared_experts", f"expected a non-negative integer, got {shared}")
         # the shared experts are one SwiGLU MLP of their total width
         out["moe_shared_ffn_hidden_size"] = shared * out["ffn_hidden_size"]
+        # group-limited routing (V2's device-limited, V3's node-limited): topk_method "greedy" ignores the groups
+        if config.get("topk_method") != "greedy":
+            groups = _get(config, prefix, "moe_router_num_groups", ("n_group",), required=False)
+            group_topk = _get(config, prefix, "moe_router_group_topk", ("topk_group",), required=False)
+            if groups is not None:
+                out["moe_router_num_groups"] = groups
+                out["moe_router_group_topk"] = groups if group_topk is None else group_topk
     else:  # qwen3_moe, qwen2_moe
         out["num_experts"] = _get(config, prefix, "num_experts", ("num_experts",))
         only = config.get("mlp_only_layers")

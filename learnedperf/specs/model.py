@@ -7,6 +7,7 @@ HuggingFace ``config.json`` (:meth:`ModelSpec.from_hf_config`).
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal, Optional
 
 from pydantic import Field, model_validator
@@ -68,6 +69,10 @@ class ModelSpec(Spec):
     moe_shared_ffn_hidden_size: int = Field(default=0, ge=0, description="width of the shared experts every token "
                                             "of a MoE layer runs beside its routed ones, all shared experts "
                                             "together (0: none)")
+    moe_router_num_groups: int = Field(default=1, ge=1, description="expert groups of group-limited routing "
+                                       "(DeepSeek's n_group): contiguous, equal sets of experts")
+    moe_router_group_topk: int = Field(ge=1, description="groups a token's experts may come from (DeepSeek's "
+                                       "topk_group: node- or device-limited routing); default all groups")
     dense_ffn_hidden_size: int = Field(ge=1, description="FFN width of a MoE model's dense layers; default "
                                                          "ffn_hidden_size, the width of one expert")
     activation: Literal["gelu", "swiglu", "relu"]
@@ -96,6 +101,8 @@ class ModelSpec(Spec):
             out["v_head_dim"] = out["head_dim"]
         if "ffn_hidden_size" not in out and isinstance(h, int):
             out["ffn_hidden_size"] = _llama_ffn(h) if out.get("activation") == "swiglu" else 4 * h
+        if "moe_router_group_topk" not in out:
+            out["moe_router_group_topk"] = out.get("moe_router_num_groups", 1)
         if "dense_ffn_hidden_size" not in out and "ffn_hidden_size" in out:
             out["dense_ffn_hidden_size"] = out["ffn_hidden_size"]
         if arch == "moe":
@@ -131,9 +138,12 @@ class ModelSpec(Spec):
                                         ("v_head_dim", self.v_head_dim, self.head_dim)):
                 if value != default:
                     raise FieldValueError(key, f"{key}={value} needs latent attention (kv_lora_rank > 0)")
+        groups, group_topk = self.moe_router_num_groups, self.moe_router_group_topk
         if self.arch != "moe":
             for key, value, default in (("moe_first_dense_layers", self.moe_first_dense_layers, 0),
                                         ("moe_shared_ffn_hidden_size", self.moe_shared_ffn_hidden_size, 0),
+                                        ("moe_router_num_groups", groups, 1),
+                                        ("moe_router_group_topk", group_topk, groups),
                                         ("dense_ffn_hidden_size", self.dense_ffn_hidden_size, self.ffn_hidden_size)):
                 if value != default:
                     raise FieldValueError(key, f"{key}={value} needs arch 'moe'")
@@ -141,17 +151,27 @@ class ModelSpec(Spec):
             raise FieldValueError("moe_first_dense_layers",
                                   f"no MoE layer left: {self.moe_first_dense_layers} leading dense layers, then "
                                   f"every {self.moe_layer_frequency}-th of {self.num_layers} layers")
+        elif self.num_experts % groups:
+            raise FieldValueError("moe_router_num_groups", f"moe_router_num_groups={groups} does not divide "
+                                                           f"num_experts={self.num_experts}")
+        elif group_topk > groups:
+            raise FieldValueError("moe_router_group_topk", f"moe_router_group_topk={group_topk} exceeds "
+                                                           f"moe_router_num_groups={groups}")
+        elif group_topk * (self.num_experts // groups) < self.moe_top_k:
+            raise FieldValueError("moe_router_group_topk", f"{group_topk} groups of {self.num_experts // groups} "
+                                                           f"experts cannot hold a token's moe_top_k={self.moe_top_k}")
         return self
 
     def to_dict(self) -> dict:
-        """JSON-compatible dict; ``head_dim`` only where it is not ``hidden_size / heads``, and the MoE layout
-        and latent-attention keys only where they differ from their defaults, so that a run written before
+        """JSON-compatible dict; ``head_dim`` only where it is not ``hidden_size / heads``, and the MoE layout,
+        routing and latent-attention keys only where they differ from their defaults, so that a run written before
         these fields existed serialises (and hashes) as it did."""
         out = super().to_dict()
         for key, default in (("head_dim", self.hidden_size // self.num_attention_heads),
                              ("moe_first_dense_layers", 0), ("moe_shared_ffn_hidden_size", 0),
                              ("dense_ffn_hidden_size", self.ffn_hidden_size), ("kv_lora_rank", 0),
-                             ("q_lora_rank", 0), ("qk_rope_head_dim", 0), ("v_head_dim", self.head_dim)):
+                             ("q_lora_rank", 0), ("qk_rope_head_dim", 0), ("v_head_dim", self.head_dim),
+                             ("moe_router_num_groups", 1), ("moe_router_group_topk", self.moe_router_num_groups)):
             if out.get(key) == default:
                 del out[key]
         return out
@@ -223,6 +243,33 @@ class ModelSpec(Spec):
         k, freq = self.moe_first_dense_layers, self.moe_layer_frequency
         lo, hi = max(first, k), max(first + count, k)
         return (hi - k) // freq - (lo - k) // freq
+
+    def expected_parts_per_token(self, parts: int) -> float:
+        """Expected number of ``parts`` — contiguous, equal shares of the experts, as expert parallelism places
+        them on ranks or nodes — that hold at least one of a token's ``moe_top_k`` experts.
+
+        Routing is taken as uniform: a token picks ``moe_router_group_topk`` of the ``moe_router_num_groups``
+        groups, then its experts among theirs, all choices equally likely (balanced routing, as the rest of
+        the cost model assumes). A part untouched by a token has probability ``C(n - o, k) / C(n, k)`` given
+        the chosen groups' ``n`` experts, ``o`` of them in the part; averaged over the chosen groups. Groups
+        that neither nest in the parts nor split evenly over them are counted as one group (no limit), an
+        upper bound.
+        """
+        E, k, G, M = self.num_experts, self.moe_top_k, self.moe_router_num_groups, self.moe_router_group_topk
+        if parts <= 1 or E <= 1:
+            return 1.0
+        if G % parts and parts % G:
+            G = M = 1
+        n = M * E // G  # the experts a token chooses among
+        if G % parts == 0:
+            # each part holds G/parts whole groups; i of them chosen (hypergeometric)
+            per = G // parts
+            untouched = sum(math.comb(per, i) * math.comb(G - per, M - i) / math.comb(G, M)
+                            * math.comb(n - i * E // G, k) / math.comb(n, k) for i in range(0, min(per, M) + 1))
+        else:
+            # each group spans parts/G parts; a part's group is chosen with probability M/G
+            untouched = 1.0 - M / G + M / G * math.comb(n - E // parts, k) / math.comb(n, k)
+        return parts * (1.0 - untouched)
 
     @property
     def mlp_matrices(self) -> int:
