@@ -60,7 +60,7 @@ _STRATEGY_FLAGS = {
     "zero": "zero_stage", "fsdp": "fsdp", "dp_replicate": "dp_replicate", "recompute": "recompute",
     "sequence_parallel": "sequence_parallel", "precision": "precision",
     "mixed_precision": "mixed_precision", "flash_attention": "flash_attention", "optimizer": "optimizer",
-    "forward_only": "forward_only",
+    "forward_only": "forward_only", "moe_dispatcher": "moe_dispatcher", "overlap_moe_comm": "overlap_moe_comm",
 }
 # flag dest -> key of the run format's "hardware" object
 _HARDWARE_FLAGS = {"device": "device", "cluster": "cluster", "num_devices": "num_devices",
@@ -144,6 +144,12 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="optimizer step of the iteration (default adam; none: forward and backward only)")
     m.add_argument("--forward-only", action="store_const", const=True,
                    help="forward passes only (inference or evaluation step); implies --optimizer none")
+    m.add_argument("--moe-dispatcher", choices=("alltoall", "deepep"),
+                   help="expert token dispatch: every copy to its expert's rank (alltoall, default) or once per "
+                        "rank and, across nodes, once per node (deepep)")
+    m.add_argument("--overlap-moe-comm", action="store_const", const=True,
+                   help="expert all-to-alls run beside another micro-batch's computation (DualPipe, Megatron-Core's "
+                        "overlap_moe_expert_parallel_comm)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -457,6 +463,10 @@ def _table(pred: dict, run: Any) -> str:
     where = f" ({hw.cluster})" if hw.cluster else ""
     knobs = [f"tp {s.tp}", f"pp {s.pp}", f"dp {s.dp}"]
     knobs += [f"{k} {v}" for k, v in (("cp", s.cp), ("ep", s.ep)) if v > 1]
+    if s.moe_dispatcher != "alltoall":
+        knobs.append(f"{s.moe_dispatcher} dispatch")
+    if s.overlap_moe_comm:
+        knobs.append("all-to-alls overlapped")
     knobs += [f"micro-batch {s.micro_batch_size}", f"global batch {s.global_batch_size}"]
     if s.pp > 1:
         knobs.append(s.pipeline_schedule + (f" x{s.virtual_pipeline_stages}" if s.virtual_pipeline_stages > 1 else ""))

@@ -96,6 +96,23 @@ def test_forward_only_flag_implies_no_optimizer(capsys):
     assert "strategy.forward_only" in err and len(err.strip().splitlines()) == 1
 
 
+def test_expert_dispatch_flags(capsys):
+    from learnedperf.simulate import simulate
+
+    flags = ["--model", "mixtral-8x7b", "--cluster", CLUSTER, "--num-devices", "16", "--ep", "8", "--tp", "2"]
+    assert main(["simulate", *flags, "--moe-dispatcher", "deepep", "--overlap-moe-comm", "--format", "json"]) == 0
+    (pred,) = output_lines(capsys.readouterr().out)
+    run = {"model": "mixtral-8x7b", "hardware": {"cluster": CLUSTER, "num_devices": 16},
+           "strategy": {"ep": 8, "tp": 2, "moe_dispatcher": "deepep", "overlap_moe_comm": True}}
+    assert pred["iteration_time_ms"] == pytest.approx(simulate(run).iteration_time_s * 1e3, rel=1e-12)
+    assert main(["simulate", *flags, "--moe-dispatcher", "deepep", "--overlap-moe-comm"]) == 0
+    assert "deepep dispatch, all-to-alls overlapped" in capsys.readouterr().out
+    # without expert parallelism there is nothing to dispatch: one error naming the field
+    assert main(["simulate", *FLAGS, "--overlap-moe-comm"]) == 1
+    err = capsys.readouterr().err
+    assert "strategy.overlap_moe_comm" in err and len(err.strip().splitlines()) == 1
+
+
 def test_predict_says_its_source(capsys):
     """predict answers with the shipped checkpoint by default, and names it."""
     assert main(["predict", *FLAGS, "--format", "json"]) == 0

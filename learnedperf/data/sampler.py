@@ -21,7 +21,8 @@ What is covered, and how:
   bandwidths drawn where the catalog has none;
 * **cluster size** — ``2^k`` devices with ``k`` uniform in 0..14 (1 to 16,384),
   some ``3·2^k`` (as the 3,072-GPU SC21 runs);
-* **strategy** — tp, pp (gpipe / 1f1b / interleaved), dp, cp, ep (MoE), ZeRO 0-3,
+* **strategy** — tp, pp (gpipe / 1f1b / interleaved), dp, cp, ep (MoE; with DeepEP's dispatch or
+  all-to-alls overlapped, a third of the time each), ZeRO 0-3,
   FSDP, hybrid sharding (a third of the sharded runs whose data-parallel group leaves a node: mostly
   one copy of the states per node, as FSDP's HYBRID_SHARD, else any valid copy count), recompute
   none / selective / full, sequence parallelism, every precision the device supports
@@ -58,7 +59,7 @@ from typing import Any, Iterator
 
 from ..errors import InputError, LearnedPerfError, SpecError
 
-SAMPLER_VERSION = "5"
+SAMPLER_VERSION = "6"
 """Version of the sampling distribution; a change gives other runs for the same seed."""
 
 FAMILIES = ("gpt", "llama", "bert", "moe")
@@ -91,6 +92,10 @@ _HYBRID_NODE_SHARE = 0.6
 #: share of runs drawn as forward-only (inference / evaluation) steps: a sampling choice so that the
 #: simulated pre-training covers the structure of the measured inference runs, not a measured share
 _FORWARD_ONLY_SHARE = 0.08
+#: shares of expert-parallel runs drawn with DeepEP's dispatch and with all-to-alls overlapped: sampling
+#: choices so that both appear in training, not measured shares
+_DEEPEP_SHARE = 0.3
+_OVERLAP_MOE_SHARE = 0.3
 _BYTES_PER_PARAM = 18.0  # bf16 weights 2 + fp32 grads 4 + fp32 master 4 + two Adam moments 8 (ZeRO paper §3.1)
 
 
@@ -326,6 +331,11 @@ def _draw_strategy(rng: random.Random, spec_model: Any, device: dict, num_device
         eps = [e for e in _divisors(m.num_experts) if e > 1 and (dp * cp) % e == 0]
         if eps and rng.random() < 0.7:
             s["ep"] = rng.choice(eps)
+            # DeepEP's per-rank and per-node dispatch, and all-to-alls hidden behind another micro-batch
+            if rng.random() < _DEEPEP_SHARE:
+                s["moe_dispatcher"] = "deepep"
+            if rng.random() < _OVERLAP_MOE_SHARE:
+                s["overlap_moe_comm"] = True
     sharded = s.get("fsdp") or s.get("zero_stage", 0) > 0
     if sharded and tp * cp * dp > dpn and rng.random() < _HYBRID_SHARE:
         replicas = _replica_options(dp, cp, s.get("ep", 1))

@@ -34,7 +34,7 @@ from ..data.graphs import DTYPES, EDGE_TYPES, KINDS, NODE_FEATURES, PHASES, SHAP
 from ..errors import InputError
 from .ops import FeatureSchema
 
-GRAPH_FEATURE_SCHEMA_VERSION = 5
+GRAPH_FEATURE_SCHEMA_VERSION = 6
 """Version of the node, edge and global feature schemas together; bumped on any change of names,
 order or meaning (checkpoints refuse to load under another version)."""
 
@@ -95,7 +95,9 @@ def _global_features() -> tuple[tuple[str, str], ...]:
           ("log_dp_replicate", "log(copies of the sharded states): hybrid sharding, 0 = one copy")]
     f += [(f"recompute={r}", f"1 if activation recomputation is {r!r}") for r in _RECOMPUTE]
     f += [("sequence_parallel", "1 with Megatron sequence parallelism"),
-          ("forward_only", "1 for a forward-only step (no backward, gradients or optimizer)")]
+          ("forward_only", "1 for a forward-only step (no backward, gradients or optimizer)"),
+          ("deepep", "1 if expert tokens go once per rank and node (moe_dispatcher 'deepep')"),
+          ("overlap_moe_comm", "1 if expert all-to-alls run beside another micro-batch's computation")]
     f += [(f"schedule={s}", f"1 if the pipeline schedule is {s!r}") for s in _SCHEDULES]
     f += [("log_virtual_pipeline_stages", "log(model chunks per pipeline rank)"),
           ("log_micro_batch_size", "log(sequences per micro-batch)"),
@@ -402,6 +404,8 @@ def global_feature_vector(spec: Any, sim_time_ms: float, breakdown_ms: Mapping[s
     cols["fsdp"] = float(s.fsdp)
     cols["log_dp_replicate"] = math.log(s.dp_replicate)
     cols["forward_only"] = float(s.forward_only)
+    cols["deepep"] = float(s.moe_dispatcher == "deepep")
+    cols["overlap_moe_comm"] = float(s.overlap_moe_comm)
     for r in _RECOMPUTE:
         cols[f"recompute={r}"] = float(s.recompute == r)
     for sch in _SCHEDULES:

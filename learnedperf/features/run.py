@@ -33,9 +33,10 @@ from ..graph.execution import (chunk_layout, fsdp_copy_ops, group_placement, rec
 from ..graph.ops import comm
 from ..graph.transformer import (backward_of, embedding_backward, embedding_forward, head_forward, layer_forward,
                                  operator_graph, optimizer_ops, shard_for)
+from ..simulate.simulator import kernels_beside_alltoalls_s
 from .ops import FeatureSchema
 
-RUN_FEATURE_SCHEMA_VERSION = 5
+RUN_FEATURE_SCHEMA_VERSION = 6
 """Version of :data:`RUN_FEATURE_SCHEMA`; bumped on any change of names, order or meaning."""
 
 _ARCHS = ("gpt", "llama", "bert", "moe")
@@ -87,7 +88,9 @@ def _features() -> tuple[tuple[str, str], ...]:
           ("overlap_p2p", "1 if pipeline transfers overlap compute"),
           ("reduce_bytes", "bytes per gradient element in the reduction"),
           ("adam", "1 for Adam, 0 for SGD or no optimizer step"),
-          ("forward_only", "1 for a forward-only step (no backward, gradients or optimizer)")]
+          ("forward_only", "1 for a forward-only step (no backward, gradients or optimizer)"),
+          ("deepep", "1 if expert tokens go once per rank and node (moe_dispatcher 'deepep')"),
+          ("overlap_moe_comm", "1 if expert all-to-alls run beside another micro-batch's computation")]
     f += [(f"schedule={s}", f"1 if the pipeline schedule is {s!r}") for s in _SCHEDULES]
     f += [(f"recompute={r}", f"1 if recomputation is {r!r}") for r in _RECOMPUTE]
     f += [(f"precision={p}", f"1 if the precision is {p!r}") for p in _PRECISIONS]
@@ -97,7 +100,8 @@ def _features() -> tuple[tuple[str, str], ...]:
           ("log_model_flops_per_device", "log model FLOPs per device per iteration")]
     f += [(f"log_{k}_s", f"log seconds of the analytic {what}") for k, what in (
         ("compute", "compute of a stage's layers (roofline, recompute included) and its embedding/head"),
-        ("tp_comm", "tensor/context/expert-parallel collectives inside the layers (blocking)"),
+        ("tp_comm", "tensor/context/expert-parallel collectives inside the layers (blocking; overlapped expert "
+                    "all-to-alls: what the kernels beside them do not hide)"),
         ("peak_compute", "compute at peak FLOP/s (model FLOPs, one more forward with full recompute)"),
         ("memory_bound", "memory-bound share of the layer compute, in seconds"),
         ("pp_comm", "pipeline sends and receives"),
@@ -191,30 +195,38 @@ def _link_Bps(ctx: RunContext, size: int, stride: int) -> float:
     return ctx.cost.link_bandwidth_Bps("inter" if g.nodes > 1 else "intra")
 
 
-def _costs(ctx: RunContext, ops: list) -> tuple[float, float, float]:
-    """(compute s, memory-bound compute s, blocking collective s) of ``ops`` on ``ctx``'s cost model."""
-    comp = mem = comm = 0.0
+def _costs(ctx: RunContext, ops: list) -> tuple[float, float, float, float]:
+    """(compute s, memory-bound compute s, collective s, all-to-all s) of ``ops`` on ``ctx``'s cost model; the
+    collectives include the all-to-alls."""
+    comp = mem = comm = a2a = 0.0
     cost = ctx.cost
     for op in ops:
         if op.is_comm:
-            comm += cost.comm_time_s(op)
+            t = cost.comm_time_s(op)
+            comm += t
+            if op.kind == "alltoall":
+                a2a += t
         else:
             t = cost.compute_time_s(op)
             comp += t
             if op.kind not in ("matmul", "attention", "conv"):
                 mem += t
-    return comp, mem, comm
+    return comp, mem, comm, a2a
 
 
 def layer_cost(run: Any, ctx: RunContext) -> tuple[float, ...]:
     """Seconds of one micro-batch on the run's shard: ``(dense layer compute, its memory-bound
     part, its collectives, MoE layer compute, its collectives, embedding, LM head)``, forward +
-    backward + recomputation (forward alone for a forward-only step), cached per distinct shard in ``ctx``."""
+    backward + recomputation (forward alone for a forward-only step), cached per distinct shard in ``ctx``.
+
+    With ``overlap_moe_comm`` a MoE layer is costed as the simulator's units are: its kernels slowed by
+    the SMs the all-to-alls hold while both run, and of the all-to-alls only what outlasts the kernels
+    (:meth:`learnedperf.simulate.simulator._Builder.unit_task`)."""
     s, m = run.strategy, ctx.model
     dpn = run.hardware.node_size
     tied_here = m.tie_embeddings and s.pp * s.virtual_pipeline_stages == 1
     key = (s.tp, s.cp, s.ep, s.dp, s.micro_batch_size, s.precision, s.mixed_precision, s.flash_attention,
-           s.sequence_parallel, s.recompute, tied_here, s.forward_only)
+           s.sequence_parallel, s.recompute, tied_here, s.forward_only, s.moe_dispatcher, s.overlap_moe_comm)
     hit = ctx.layer_costs.get(key)
     if hit is not None:
         return hit
@@ -224,7 +236,13 @@ def layer_cost(run: Any, ctx: RunContext) -> tuple[float, ...]:
     def unit(fwd: list) -> tuple[float, float, float]:
         parts = (fwd,) if s.forward_only else (fwd, backward_of(fwd), recompute_ops(fwd, s.recompute))
         c = [_costs(ctx, ops) for ops in parts]
-        return sum(x[0] for x in c), sum(x[1] for x in c), sum(x[2] for x in c)
+        comp, mem, comm = sum(x[0] for x in c), sum(x[1] for x in c), sum(x[2] for x in c)
+        if s.overlap_moe_comm:
+            a2a = sum(x[3] for x in c)
+            slowed = kernels_beside_alltoalls_s(comp, a2a, run.hardware.device.num_sms)
+            comm += max(0.0, a2a - slowed) - a2a
+            comp = slowed
+        return comp, mem, comm
 
     def backward(ops: list) -> list:
         return [] if s.forward_only else ops
@@ -398,7 +416,8 @@ def run_features(run: Any, ctx: RunContext, peak_memory_GiB: float,
           1.0 if s.sequence_parallel and s.tp > 1 else 0.0,
           1.0 if s.flash_attention else 0.0, 1.0 if s.overlap_grad_reduce else 0.0,
           1.0 if s.overlap_param_gather else 0.0, 1.0 if s.overlap_p2p else 0.0,
-          float(_BYTES[s.reduce_precision]), 1.0 if s.optimizer == "adam" else 0.0, 1.0 if s.forward_only else 0.0]
+          float(_BYTES[s.reduce_precision]), 1.0 if s.optimizer == "adam" else 0.0, 1.0 if s.forward_only else 0.0,
+          1.0 if s.moe_dispatcher == "deepep" else 0.0, 1.0 if s.overlap_moe_comm else 0.0]
     sched = s.pipeline_schedule if s.pp > 1 else ""
     x += [1.0 if sched == k else 0.0 for k in _SCHEDULES]
     x += [1.0 if s.recompute == k else 0.0 for k in _RECOMPUTE]

@@ -32,6 +32,7 @@ class Shard:
     ep_group: Group = Group(1, 1)
     ep: int = 1
     autocast: bool = False  # fp32 weights cast to ``dtype`` at every GEMM (torch.autocast)
+    deepep: bool = False  # tokens dispatched once per rank and per node (Strategy.moe_dispatcher 'deepep')
 
     @property
     def e(self) -> int:
@@ -60,7 +61,32 @@ def shard_for(run: RunSpec, tp_group: Group, cp_group: Group, ep_group: Group) -
     s, m = run.strategy, run.model
     return Shard(b=s.micro_batch_size, s=m.seq_length // s.cp, s_kv=m.seq_length, tp=s.tp,
                  sp=s.sequence_parallel and s.tp > 1, dtype=s.precision, flash=s.flash_attention,
-                 tp_group=tp_group, cp_group=cp_group, ep_group=ep_group, ep=s.ep, autocast=s.autocast)
+                 tp_group=tp_group, cp_group=cp_group, ep_group=ep_group, ep=s.ep, autocast=s.autocast,
+                 deepep=s.moe_dispatcher == "deepep")
+
+
+def expert_alltoall(name: str, model: ModelSpec, sh: Shard, tokens: int, row_bytes: int, dtype: str) -> list[Op]:
+    """The all-to-all(s) that carry a rank's ``tokens`` rows of ``row_bytes`` to their experts' ranks (or back).
+
+    Megatron-Core's alltoall dispatcher sends each of a token's ``moe_top_k`` copies to its expert's rank: one
+    all-to-all over the expert-parallel group. DeepEP (``sh.deepep``) sends a token once to each rank holding
+    any of its experts; across nodes, once to each node, over the network between ranks of the same local
+    index (an all-to-all of one rank per node), then over NVLink to that node's ranks (DeepSeek-AI 2024,
+    arXiv 2412.19437, section 3.2.2). Its volumes are the expected numbers of distinct ranks and nodes a
+    token's experts lie on (:meth:`ModelSpec.expected_parts_per_token`: uniform, group-limited routing); an
+    all-to-all of ``n`` ranks moves ``(n-1)/n`` of its buffer off the rank, which is by symmetry the share of
+    a token's ranks (or nodes) that are not the sender's.
+    """
+    g = sh.ep_group
+    if not sh.deepep:
+        return [comm(name, "alltoall", "fwd", tokens * model.moe_top_k * row_bytes, g, dtype)]
+    ranks = model.expected_parts_per_token(g.size)
+    if g.nodes == 1:
+        return [comm(name, "alltoall", "fwd", tokens * ranks * row_bytes, g, dtype)]
+    nodes = model.expected_parts_per_token(g.nodes)
+    return [comm(f"{name}.rdma", "alltoall", "fwd", tokens * nodes * row_bytes, Group(g.nodes, 1), dtype),
+            comm(f"{name}.nvlink", "alltoall", "fwd", tokens * ranks * row_bytes, Group(g.per_node, g.per_node),
+                 dtype)]
 
 
 def cast(name: str, phase: str, numel: float, src_bytes: int, dst_bytes: int, dtype: str) -> Op:
@@ -209,7 +235,7 @@ def layer_forward(model: ModelSpec, sh: Shard, moe: bool = False, prefix: str = 
         ops.append(elementwise(f"{prefix}.moe.topk", "softmax", "fwd", T * E, 1, 1, 4, "fp32", 5.0, E))
         routed = T * k  # token copies this rank sends out and (balanced) receives back
         if sh.ep > 1:
-            ops.append(comm(f"{prefix}.moe.dispatch", "alltoall", "fwd", routed * h * e, sh.ep_group, dt))
+            ops.extend(expert_alltoall(f"{prefix}.moe.dispatch", model, sh, T, h * e, dt))
         local_experts = E // sh.ep
         rows = max(1, routed // local_experts)  # tokens per local expert (balanced routing)
         # the router already cast the tokens for autocast: only the expert weights are new; fp8 casts the
@@ -219,7 +245,7 @@ def layer_forward(model: ModelSpec, sh: Shard, moe: bool = False, prefix: str = 
                                e, dt, 8.0, f_local))
         linear(f"{prefix}.mlp.fc2", rows, h, f_local, batch=local_experts)
         if sh.ep > 1:
-            ops.append(comm(f"{prefix}.moe.combine", "alltoall", "fwd", routed * h * e, sh.ep_group, dt))
+            ops.extend(expert_alltoall(f"{prefix}.moe.combine", model, sh, T, h * e, dt))
         ops.append(elementwise(f"{prefix}.moe.weighted_sum", "elementwise", "fwd", routed * h, 1, 1, e, dt, 2.0, h))
         if model.moe_shared_ffn_hidden_size:
             # shared experts: a dense MLP over the rank's own tokens, tensor-parallel, never dispatched

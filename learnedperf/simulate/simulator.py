@@ -1,10 +1,11 @@
 """Simulate one training iteration of a run: execution graph → events → times.
 
-One representative rank per pipeline stage executes its program on up to four
+One representative rank per pipeline stage executes its program on up to five
 streams — ``compute`` (kernels, blocking tensor/context/expert-parallel
 collectives and, unless overlapped, pipeline sends), ``dp`` (gradient
 reduction, ZeRO/FSDP gathers), ``reduce_scatter`` (ZeRO-3/FSDP's per-layer
-reduce-scatters) and ``p2p`` (overlapped pipeline sends) — over
+reduce-scatters), ``p2p`` (overlapped pipeline sends) and ``ep`` (expert all-to-alls
+that another micro-batch's computation hides, ``overlap_moe_comm``) — over
 two links per rank (``intra``: inside the node; ``inter``: its network share)
 whose bandwidth concurrent transfers share. Where the hardware says computation hides only a
 share of a collective (``comm_overlap``, measured), the rest of the time the critical stage's
@@ -33,6 +34,18 @@ from .memory import MemoryBreakdown, memory_microbatches, peak_memory
 
 SIMULATOR_VERSION = "0.1.0"
 
+#: SMs that expert all-to-alls hold while they run beside computation: DeepSeek-V3's dispatch and combine
+#: kernels fill IB and NVLink with 20 of the H800's 132 SMs (DeepSeek-AI 2024, arXiv 2412.19437, section 3.2.2).
+MOE_COMM_SMS = 20
+
+
+def kernels_beside_alltoalls_s(kernels_s: float, alltoalls_s: float, num_sms: int) -> float:
+    """Seconds of ``kernels_s`` of kernels that run beside ``alltoalls_s`` of expert all-to-alls: slowed by
+    ``SMs / (SMs - MOE_COMM_SMS)`` while both run; on a device with no more SMs than the all-to-alls hold, one
+    after the other."""
+    if num_sms > MOE_COMM_SMS:
+        return kernels_s + min(kernels_s, alltoalls_s) * MOE_COMM_SMS / (num_sms - MOE_COMM_SMS)
+    return kernels_s + alltoalls_s
 
 
 @dataclass
@@ -81,13 +94,20 @@ class SimResult:
 
 
 # ------------------------------------------------------------------ costs
-def _unit_cost(blocks, cost: CostModel) -> tuple[float, float, float, float, dict[str, float]]:
-    """Compute seconds and aggregated blocking-collective load of a list of (ops, repeat) blocks."""
-    comp = lat = intra = inter = 0.0
+def _unit_cost(blocks, cost: CostModel, hide_alltoall: bool = False) -> tuple:
+    """Compute seconds and aggregated collective load of a list of (ops, repeat) blocks:
+    ``(comp, lat, intra, inter, a_lat, a_intra, a_inter, by_cat)``. The expert all-to-alls' latency and bytes
+    are in ``a_*`` when ``hide_alltoall`` (they run beside computation), else with the blocking ones."""
+    comp = lat = intra = inter = a_lat = a_intra = a_inter = 0.0
     by_cat: dict[str, float] = {}
     for ops, rep in blocks:
         for op in ops:
-            if op.is_comm:
+            if op.is_comm and hide_alltoall and op.kind == "alltoall":
+                c = cost.comm_cost(op)
+                a_lat += c.latency_s * rep
+                a_intra += c.intra_bytes * rep
+                a_inter += c.inter_bytes * rep
+            elif op.is_comm:
                 c = cost.comm_cost(op)
                 lat += c.latency_s * rep
                 intra += c.intra_bytes * rep
@@ -96,12 +116,13 @@ def _unit_cost(blocks, cost: CostModel) -> tuple[float, float, float, float, dic
                 t = cost.compute_time_s(op) * rep
                 comp += t
                 by_cat[op.phase] = by_cat.get(op.phase, 0.0) + t
-    return comp, lat, intra, inter, by_cat
+    return comp, lat, intra, inter, a_lat, a_intra, a_inter, by_cat
 
 
-def _layer_units(blocks, cost: CostModel, first_end: bool, last_end: bool,
-                 max_units: int) -> list[tuple[int, tuple]]:
-    """A chunk's forward or backward as per-layer units: [(layers, (comp, lat, intra, inter))].
+def _layer_units(blocks, cost: CostModel, first_end: bool, last_end: bool, max_units: int,
+                 hide_alltoall: bool = False) -> list[tuple[int, tuple]]:
+    """A chunk's forward or backward as per-layer units: [(layers, (comp, lat, intra, inter, a_lat, a_intra,
+    a_inter))] (:func:`_unit_cost`).
 
     ``blocks`` are the chunk's (ops, repeat) blocks in execution order; ``first_end`` / ``last_end``
     say whether the first / last block is a non-layer end (embedding, LM head), whose cost joins the
@@ -110,10 +131,10 @@ def _layer_units(blocks, cost: CostModel, first_end: bool, last_end: bool,
     rest = list(blocks)
     first = [rest.pop(0)] if first_end and rest else []
     last = [rest.pop()] if last_end and rest else []
-    head, tail = _unit_cost(first, cost)[:4], _unit_cost(last, cost)[:4]
+    head, tail = _unit_cost(first, cost, hide_alltoall)[:7], _unit_cost(last, cost, hide_alltoall)[:7]
     layers: list[tuple] = []
     for ops, rep in rest:
-        one = _unit_cost([(ops, 1)], cost)[:4]
+        one = _unit_cost([(ops, 1)], cost, hide_alltoall)[:7]
         layers.extend([one] * rep)
     if not layers:
         return [(0, tuple(a + b for a, b in zip(head, tail)))]
@@ -193,21 +214,39 @@ class _Builder:
             hit = self.sharded_memo[key] = (c.latency_s * n, self.demands(stage, c.intra_bytes * n, c.inter_bytes * n))
         return self.e.transfer(stream, hit[0], hit[1], deps, "dp_comm", name)
 
-    def unit_task(self, stage: int, comp: float, lat: float, intra: float, inter: float, deps, send, last: bool,
-                  category: str, name: str) -> tuple[int, Optional[tuple]]:
+    def unit_task(self, stage: int, unit: tuple, deps, send, last: bool, category: str,
+                  name: str) -> tuple[int, Optional[tuple]]:
         """One forward or backward unit on the stage's compute stream; returns the task and the send left.
 
-        The unit's kernels and blocking TP/CP/EP collectives are one task: compute time first, then the
-        collectives' bytes on the shared links (the part beyond ``comp`` is exposed). A blocking
-        pipeline send (``send``, when ``last``) ends the unit: its bytes join the same task (fewer events).
+        ``unit`` is ``(comp, lat, intra, inter, a_lat, a_intra, a_inter)`` (:func:`_unit_cost`). The unit's
+        kernels and blocking TP/CP/EP collectives are one task: compute time first, then the collectives'
+        bytes on the shared links (the part beyond ``comp`` is exposed). A blocking pipeline send (``send``,
+        when ``last``) ends the unit: its bytes join the same task (fewer events).
+
+        Expert all-to-alls that another micro-batch's computation hides (``a_*``, ``overlap_moe_comm``) run
+        on the stage's ``ep`` stream beside that task, and the unit ends when both have: the steady state of
+        a schedule that pairs one micro-batch's forward with another's backward, taken for every unit.
+        While they run they hold :data:`MOE_COMM_SMS` of the device's SMs (:func:`kernels_beside_alltoalls_s`,
+        with the all-to-alls' time alone on the links).
         """
+        comp, lat, intra, inter, a_lat, a_intra, a_inter = unit
         dem = self.demands(stage, intra, inter)
         if last and send is not None and not self.run.strategy.overlap_p2p:
             lat += send[0]
             dem = dem + send[1]
             send = None
+        hidden = a_lat > 0 or a_intra > 0 or a_inter > 0
+        if hidden:
+            alone = a_lat + max(a_intra / self.cost.link_bandwidth_Bps("intra") if a_intra else 0.0,
+                                a_inter / self.cost.link_bandwidth_Bps("inter") if a_inter else 0.0)
+            comp = kernels_beside_alltoalls_s(comp, alone, self.run.hardware.device.num_sms)
         t = self.e.transfer(self.compute_streams[stage], comp + lat, dem, deps, category, name)
         self.compute_part[t] = comp
+        if hidden:
+            x = self.e.transfer(self.ep_streams[stage], a_lat, self.demands(stage, a_intra, a_inter), deps,
+                                "ep_comm", f"{name}.alltoall")
+            t = self.e.compute(self.compute_streams[stage], 0.0, (t, x), category, name)
+            self.compute_part[t] = 0.0
         return t, send
 
     def split_comm(self, stream: int, stage: int, kind: str, per_layer: float, root: float, layers: int,
@@ -303,14 +342,19 @@ class _Builder:
         dp_streams = [e.add_stream(f"stage{st}.dp") for st in range(pp)]
         p2p_streams = [e.add_stream(f"stage{st}.p2p") for st in range(pp)] if s.overlap_p2p else self.compute_streams
         self.comm_streams = [[dp_streams[st]] + ([p2p_streams[st]] if s.overlap_p2p else []) for st in range(pp)]
+        hide = s.overlap_moe_comm
+        if hide:
+            self.ep_streams = [e.add_stream(f"stage{st}.ep") for st in range(pp)]
+            for st in range(pp):
+                self.comm_streams[st].append(self.ep_streams[st])
 
         # per chunk: forward and backward unit costs
         fcost: dict[int, tuple] = {}
         bcost: dict[int, tuple] = {}
         for st in eg.stages:
             for c in st.chunks:
-                fcost[c.vstage] = _unit_cost(c.forward, cost)
-                bcost[c.vstage] = _unit_cost(c.backward, cost)
+                fcost[c.vstage] = _unit_cost(c.forward, cost, hide)
+                bcost[c.vstage] = _unit_cost(c.backward, cost, hide)
 
         # pipeline p2p: adjacent virtual stages on the same node or not
         pg = eg.p2p_group
@@ -351,9 +395,9 @@ class _Builder:
             for st in range(pp):
                 self.comm_streams[st].append(rs_streams[st])
             cap = sharded_units_per_chunk(n_v)
-            funits = {c.vstage: _layer_units(c.forward, cost, c.vstage == 0, c.vstage == n_v - 1, cap)
+            funits = {c.vstage: _layer_units(c.forward, cost, c.vstage == 0, c.vstage == n_v - 1, cap, hide)
                       for st in eg.stages for c in st.chunks}
-            bunits = {c.vstage: _layer_units(c.backward, cost, c.vstage == n_v - 1, c.vstage == 0, cap)
+            bunits = {c.vstage: _layer_units(c.backward, cost, c.vstage == n_v - 1, c.vstage == 0, cap, hide)
                       for st in eg.stages for c in st.chunks}
         elif zero in (1, 2) and eg.shard_group.size > 1 and s.overlap_param_gather:
             for st in eg.stages:
@@ -382,19 +426,18 @@ class _Builder:
                         if vs in param_gather and vs not in first_f_done:
                             deps.append(param_gather[vs])
                             first_f_done.add(vs)
-                        units = funits[vs] if per_layer else [(0, fcost[vs][:4])]
+                        units = funits[vs] if per_layer else [(0, fcost[vs][:7])]
                         send = self.p2p(i, (vs + 1) % pp) if vs < n_v - 1 else None
                         done: list[int] = []
-                        for u, (layers, (comp, lat, intra, inter)) in enumerate(units):
+                        for u, (layers, unit) in enumerate(units):
                             d = list(deps) if u == 0 else [done[-1]]
                             if per_layer:
                                 g, copy_s = self.layer_gather(gather_streams[i], i, chunk.params_per_layer,
                                                               chunk.root_params if u == 0 else 0.0, layers, done,
                                                               f"chunk{vs}.fsdp_allgather.f{mb}.{u}")
                                 d.append(g)
-                                comp += copy_s
-                            t, send = self.unit_task(i, comp, lat, intra, inter, d, send, u == len(units) - 1,
-                                                     "forward", f"F{vs}.{mb}")
+                                unit = (unit[0] + copy_s,) + unit[1:]
+                            t, send = self.unit_task(i, unit, d, send, u == len(units) - 1, "forward", f"F{vs}.{mb}")
                             done.append(t)
                         if send is not None:
                             t = e.transfer(p2p_streams[i], send[0], send[1], (t,), "pp_comm", f"send F{vs}.{mb}")
@@ -407,18 +450,18 @@ class _Builder:
                         if per_layer:
                             units, grads = bunits[vs], []
                         else:
-                            comp, lat, intra, inter, _cats = bcost[vs]
                             nseg, grads = (self.grad_segments(chunk, max(1, chunk.num_layers) if s.overlap_grad_reduce
                                                               else 1) if is_last else (1, []))
-                            units = [(0, (comp / nseg, lat / nseg, intra / nseg, inter / nseg))] * nseg
+                            units = [(0, tuple(x / nseg for x in bcost[vs][:7]))] * nseg
                         overlap = s.overlap_grad_reduce and bool(grads)
                         send = self.p2p(i, (vs - 1) % pp) if vs > 0 else None
                         done = []
-                        for u, (layers, (comp, lat, intra, inter)) in enumerate(units):
+                        for u, (layers, unit) in enumerate(units):
                             d = list(deps) if u == 0 else [done[-1]]
                             if per_layer:
                                 body = chunk.params_per_layer
                                 root = chunk.root_params if u == len(units) - 1 else 0.0
+                                comp = unit[0]
                                 if gather_bwd:
                                     # FSDP keeps its root's parameters gathered from forward to backward
                                     g, copy_s = self.layer_gather(gather_streams[i], i, body,
@@ -428,8 +471,8 @@ class _Builder:
                                     comp += copy_s
                                 if s.fsdp:
                                     comp += self.fsdp_copy_s("reducescatter", body * layers + root, layers)
-                            t, send = self.unit_task(i, comp, lat, intra, inter, d, send, u == len(units) - 1,
-                                                     "backward", f"B{vs}.{mb}")
+                                unit = (comp,) + unit[1:]
+                            t, send = self.unit_task(i, unit, d, send, u == len(units) - 1, "backward", f"B{vs}.{mb}")
                             done.append(t)
                             if per_layer:
                                 # every micro-batch's gradients are reduce-scattered as each layer's backward
@@ -502,16 +545,17 @@ def _analyse(b: _Builder) -> tuple[float, dict[str, float]]:
           "pipeline_bubble": 0.0}
     prev_end = 0.0
     recompute_share = {}
-    for vs, (comp, _l, _i, _x, cats) in b.bcost.items():
+    for vs, (comp, *_load, cats) in b.bcost.items():
         recompute_share[vs] = cats.get("recompute", 0.0) / comp if comp else 0.0
     for i in tasks:
         gap = e.start[i] - prev_end
         if gap > 0:
             w = e.waited[i]
             cause = e.t_cat[w] if w >= 0 else ""
-            # waiting on a gradient/parameter collective is exposed communication; waiting on another
+            # waiting on a gradient/parameter collective, or on expert all-to-alls that outlasted the kernels
+            # beside them, is exposed communication; waiting on another
             # stage's activations (compute or its send) is the pipeline bubble
-            if cause in ("dp_comm", "tp_comm"):
+            if cause in ("dp_comm", "tp_comm", "ep_comm"):
                 bd["exposed_communication"] += gap
             else:
                 bd["pipeline_bubble"] += gap

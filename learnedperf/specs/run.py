@@ -74,9 +74,11 @@ class RunSpec(Spec):
         return cls.from_dict(data)
 
     def to_dict(self) -> dict:
-        """Inline, JSON-compatible form of the run (the model's keys as :meth:`ModelSpec.to_dict` writes them)."""
+        """Inline, JSON-compatible form of the run (the model's and the strategy's keys as their ``to_dict`` write
+        them)."""
         out = super().to_dict()
         out["model"] = self.model.to_dict()
+        out["strategy"] = self.strategy.to_dict()
         if not out.get("meta"):
             out.pop("meta", None)
         return out
@@ -194,6 +196,12 @@ def _complete_strategy(model: ModelSpec, hw: HardwareSpec, s: Strategy) -> Strat
             raise SpecError("strategy.ep", f"ep={s.ep} does not divide num_experts={model.num_experts}")
         if (dp * s.cp) % s.ep:
             raise SpecError("strategy.ep", f"ep={s.ep} must divide dp·cp={dp * s.cp}")
+    else:
+        for key, value, default in (("moe_dispatcher", s.moe_dispatcher, "alltoall"),
+                                    ("overlap_moe_comm", s.overlap_moe_comm, False)):
+            if value != default:
+                raise SpecError(f"strategy.{key}", f"{key}={value!r} moves tokens between expert-parallel ranks: "
+                                                   "it needs ep > 1")
     if s.dp_replicate > 1:
         # the replicas are whole shard groups, each holding all cp ranks (torchtitan's mesh order:
         # replicate, shard, cp, tp) and, with experts, whole expert groups

@@ -59,6 +59,19 @@ class Strategy(Spec):
     overlap_grad_reduce: bool = Field(default=True, description="reduce gradients while backward runs")
     overlap_param_gather: bool = Field(default=True, description="prefetch ZeRO-3/FSDP parameters")
     overlap_p2p: bool = Field(default=False, description="pipeline send/recv off the critical path")
+    moe_dispatcher: Literal["alltoall", "deepep"] = Field(
+        default="alltoall",
+        description="how a mixture of experts moves tokens to their experts' ranks: 'alltoall' sends every "
+                    "(token, expert) copy to its expert's rank (Megatron-Core's alltoall dispatcher); 'deepep' "
+                    "sends a token once to each rank holding any of its experts, and across the network once "
+                    "to each node, forwarding it to that node's ranks over NVLink (DeepEP, DeepSeek-AI 2024, "
+                    "arXiv 2412.19437, section 3.2.2; Megatron-Core's flex dispatcher)")
+    overlap_moe_comm: bool = Field(
+        default=False,
+        description="expert all-to-alls run beside another micro-batch's computation (DeepSeek-V3's "
+                    "DualPipe, Megatron-Core's overlap_moe_expert_parallel_comm): each forward or backward "
+                    "part takes the longer of its kernels and its all-to-alls, its kernels slowed by the SMs "
+                    "the communication holds")
     grad_reduce_precision: Optional[Precision] = Field(
         default=None, description="precision of gradient reduction; default fp32 for bf16/fp8 "
                                   "(Megatron accumulates and reduces in fp32), else the run precision")
@@ -100,6 +113,15 @@ class Strategy(Spec):
             raise FieldValueError("pipeline_schedule",
                                   "virtual_pipeline_stages > 1 needs pipeline_schedule 'interleaved'")
         return self
+
+    def to_dict(self) -> dict:
+        """JSON-compatible dict; the expert-dispatch keys only where they differ from their defaults, so that
+        a run written before these fields existed serialises (and hashes) as it did."""
+        out = super().to_dict()
+        for key, default in (("moe_dispatcher", "alltoall"), ("overlap_moe_comm", False)):
+            if out.get(key) == default:
+                del out[key]
+        return out
 
     @property
     def effective_zero_stage(self) -> int:
