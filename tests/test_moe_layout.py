@@ -139,3 +139,47 @@ def test_tensor_parallelism_must_divide_every_mlp_width():
     with pytest.raises(SpecError, match="moe_shared_ffn_hidden_size=1000") as err:
         make_run(dict(SHARED, moe_shared_ffn_hidden_size=1000), num_devices=16, tp=16)
     assert err.value.field == "strategy.tp"
+
+
+# the text_config of meta-llama/Llama-4-Scout-17B-16E's config.json (the keys that shape the model)
+LLAMA4_SCOUT_TEXT = {"model_type": "llama4_text", "hidden_size": 5120, "intermediate_size": 8192,
+                     "intermediate_size_mlp": 16384, "num_hidden_layers": 48, "num_attention_heads": 40,
+                     "num_key_value_heads": 8, "head_dim": 128, "num_local_experts": 16, "num_experts_per_tok": 1,
+                     "interleave_moe_layer_step": 1, "vocab_size": 202048, "max_position_embeddings": 10485760,
+                     "attention_chunk_size": 8192, "hidden_act": "silu", "tie_word_embeddings": False}
+LLAMA4_SCOUT = {"architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4",
+                "text_config": LLAMA4_SCOUT_TEXT}
+# Llama-4-Maverick-17B-128E: 128 experts in every other layer, dense MLPs of 16,384 between them
+LLAMA4_MAVERICK = dict(LLAMA4_SCOUT, text_config=dict(LLAMA4_SCOUT_TEXT, num_local_experts=128,
+                                                      interleave_moe_layer_step=2, max_position_embeddings=1048576))
+
+
+@pytest.mark.parametrize("config, total_B, active_B, moe_layers", [
+    (LLAMA4_SCOUT, 109, 17, 48), (LLAMA4_MAVERICK, 400, 17, 24)])
+def test_llama4_configs_count_the_reported_parameters(config, total_B, active_B, moe_layers):
+    # Meta's model cards: Scout 17B active of 109B, Maverick 17B active of 400B, both with their vision encoder,
+    # which the run format leaves out (hence the 2 % tolerance)
+    m = ModelSpec.from_hf_config(config, 8192)
+    assert m.num_params() / 1e9 == pytest.approx(total_B, rel=0.02)
+    assert m.num_active_params() / 1e9 == pytest.approx(active_B, rel=0.02)
+    assert m.num_moe_layers == moe_layers
+    assert m.moe_shared_ffn_hidden_size == m.ffn_hidden_size == 8192
+    # a text-only config (Llama4ForCausalLM) reads the same
+    text = {k: v for k, v in config["text_config"].items() if k != "model_type"}
+    alone = ModelSpec.from_hf_config(dict(text, architectures=["Llama4ForCausalLM"]), 8192)
+    assert alone.model_copy(update={"name": m.name}) == m
+
+
+@pytest.mark.parametrize("text, seq, field", [
+    ({}, None, "attention_chunk_size"),  # 10M positions: chunked attention is not modelled
+    ({"moe_layers": [0, 2]}, 4096, "moe_layers"),
+    ({"num_local_experts": None}, 4096, "num_local_experts")])
+def test_llama4_config_errors_name_the_key_under_text_config(text, seq, field):
+    config = dict(LLAMA4_SCOUT, text_config={k: v for k, v in dict(LLAMA4_SCOUT_TEXT, **text).items()
+                                             if v is not None})
+    with pytest.raises(SpecError) as err:
+        ModelSpec.from_hf_config(config, seq)
+    assert err.value.field == f"model.hf_config.text_config.{field}"
+    with pytest.raises(SpecError) as err:
+        ModelSpec.from_hf_config({"model_type": "llama4"}, 4096)
+    assert err.value.field == "model.hf_config.text_config"

@@ -15,7 +15,10 @@ One function, :func:`hf_config_to_arch`, maps the key names of each supported
   read, the dense layers with the config's ``intermediate_size``. Dense layers at listed positions
   (``mlp_only_layers``) and DeepSeek's ``moe_layer_freq`` > 1 are refused. DeepSeek-V2/V3 (``deepseek_v2``,
   ``deepseek_v3``) add multi-head latent attention (``kv_lora_rank`` and the other MLA keys) and
-  group-limited routing (``n_group``, ``topk_group`` unless ``topk_method`` is ``greedy``)
+  group-limited routing (``n_group``, ``topk_group`` unless ``topk_method`` is ``greedy``). Llama 4
+  (``llama4``: its ``text_config``; ``llama4_text``) has a shared expert beside its routed ones and dense
+  layers between MoE layers every ``interleave_moe_layer_step``; its chunked attention is refused beyond
+  ``attention_chunk_size`` tokens
 
 A config without ``model_type`` is recognised from its ``architectures`` list,
 and failing that from the common key names (``hidden_size``/``n_embd``/``d_model``,
@@ -48,12 +51,17 @@ _MODEL_TYPES: dict[str, tuple[str, str]] = {
     "deepseek_v2": ("moe", "deepseek_v2"),  # DeepSeek-V2 and V2-Lite: DeepSeek-MoE's layout, latent attention
     "deepseek_v3": ("moe", "deepseek_v3"),
     "switch_transformers": ("moe", "switch"),
+    # Llama 4's text model (a multimodal config nests it as text_config): routed and shared experts, dense
+    # layers between MoE layers
+    "llama4_text": ("moe", "llama4"),
+    "llama4": ("moe", "llama4"),
 }
 
 # HuggingFace class names (config["architectures"]) → model_type, for configs without model_type.
 _ARCHITECTURE_PREFIXES: tuple[tuple[str, str], ...] = (
     ("GPT2", "gpt2"), ("GPTJ", "gptj"), ("GPTNeoX", "gpt_neox"), ("OPT", "opt"), ("Bert", "bert"),
-    ("Roberta", "roberta"), ("Llama", "llama"), ("Mistral", "mistral"), ("Qwen2Moe", "qwen2_moe"),
+    ("Roberta", "roberta"), ("Llama4ForCausalLM", "llama4_text"), ("Llama4", "llama4"),
+    ("Llama", "llama"), ("Mistral", "mistral"), ("Qwen2Moe", "qwen2_moe"),
     ("Qwen2", "qwen2"), ("Qwen3Moe", "qwen3_moe"), ("Qwen3", "qwen3"), ("GemmaFor", "gemma"),
     ("Mixtral", "mixtral"), ("SwitchTransformers", "switch_transformers"),
     ("DeepseekV2", "deepseek_v2"), ("DeepseekV3", "deepseek_v3"), ("DeepseekFor", "deepseek"),
@@ -189,6 +197,20 @@ def hf_config_to_arch(config: dict, seq_length: Optional[int], prefix: str) -> d
         return _generic(config, seq_length, prefix)
     arch, family = _MODEL_TYPES[mt]
     name = str(config.get("_name_or_path") or config.get("name_or_path") or f"hf-{mt}")
+    if mt == "llama4":
+        # the multimodal config: its language model is text_config (the vision encoder is not modelled); an
+        # error names the key where it is, under text_config
+        text = config.get("text_config")
+        if not isinstance(text, dict):
+            raise SpecError(f"{prefix}.hf_config.text_config", "a llama4 config holds its language model in "
+                                                               "text_config, a JSON object; it is missing")
+        try:
+            return hf_config_to_arch({**text, "model_type": "llama4_text", "_name_or_path": name}, seq_length,
+                                     prefix)
+        except SpecError as exc:
+            top = f"{prefix}.hf_config."
+            field = exc.field.replace(top, top + "text_config.", 1) if exc.field.startswith(top) else exc.field
+            raise SpecError(field, exc.message) from None
 
     if family == "switch":
         return _switch(config, seq_length, prefix, name)
@@ -235,6 +257,9 @@ def hf_config_to_arch(config: dict, seq_length: Optional[int], prefix: str) -> d
         if family in ("qwen3_moe", "qwen2_moe", "deepseek", "deepseek_v2", "deepseek_v3"):
             moe = _fine_grained_moe(config, prefix, family)
             ffn = moe.pop("ffn_hidden_size")
+        elif family == "llama4":
+            moe = _llama4_moe(config, prefix, out["seq_length"])
+            ffn = moe.pop("ffn_hidden_size")
         if ffn is None:
             raise SpecError(f"{prefix}.hf_config.intermediate_size", "required key is missing")
         out["ffn_hidden_size"] = ffn
@@ -263,6 +288,43 @@ def hf_config_to_arch(config: dict, seq_length: Optional[int], prefix: str) -> d
     out.setdefault("num_experts", 1)
     out.setdefault("moe_top_k", 1)
     out.setdefault("moe_layer_frequency", 1)
+    return out
+
+
+def _llama4_moe(config: dict, prefix: str, seq_length: int) -> dict:
+    """The MoE keys of a Llama 4 text config (``llama4_text``).
+
+    Experts are ``intermediate_size`` wide, ``num_local_experts`` of them, ``num_experts_per_tok`` a token,
+    beside one shared expert of the same width in every MoE layer; layer i (0-based) is a MoE layer when
+    ``(i + 1) % interleave_moe_layer_step == 0`` (``moe_layer_frequency``'s rule), the others are dense MLPs of
+    ``intermediate_size_mlp``. A ``moe_layers`` list placing them otherwise is refused, and so is a sequence
+    longer than ``attention_chunk_size``: three of four Llama 4 layers attend only within chunks of that
+    length, which the run format's attention (every key of the sequence) does not describe.
+    """
+    ffn = _get(config, prefix, "ffn_hidden_size", ("intermediate_size",))
+    step = _get(config, prefix, "moe_layer_frequency", ("interleave_moe_layer_step",), required=False) or 1
+    if step < 1:
+        raise SpecError(f"{prefix}.hf_config.interleave_moe_layer_step", f"expected a positive integer, got {step}")
+    layers = _get(config, prefix, "num_layers")
+    listed = config.get("moe_layers")
+    if listed is not None and list(listed) != [i for i in range(layers) if (i + 1) % step == 0]:
+        raise SpecError(f"{prefix}.hf_config.moe_layers",
+                        f"MoE layers at {listed!r} are not every interleave_moe_layer_step={step}-th layer, the "
+                        "only placement of dense layers between MoE layers the run format has")
+    chunk = _get(config, prefix, "attention_chunk_size", ("attention_chunk_size",), required=False)
+    if chunk is not None and seq_length > chunk:
+        raise SpecError(f"{prefix}.hf_config.attention_chunk_size",
+                        f"seq_length {seq_length} exceeds attention_chunk_size {chunk}: Llama 4's chunked "
+                        "attention layers attend within chunks, which the run format does not model; give "
+                        f"seq_length <= {chunk} next to hf_config")
+    out = {"ffn_hidden_size": ffn,
+           "num_experts": _get(config, prefix, "num_experts", ("num_local_experts",)),
+           "moe_top_k": _get(config, prefix, "moe_top_k", ("num_experts_per_tok",)),
+           "moe_layer_frequency": step,
+           # one shared expert of the routed experts' width in every MoE layer (Llama4TextMoe.shared_expert)
+           "moe_shared_ffn_hidden_size": ffn}
+    if step > 1:
+        out["dense_ffn_hidden_size"] = _get(config, prefix, "dense_ffn_hidden_size", ("intermediate_size_mlp",))
     return out
 
 
