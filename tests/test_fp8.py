@@ -70,3 +70,19 @@ def test_optimizer_step_casts_each_weight_once(optimizer, bf16_bytes):
     assert bf16.bytes == 1000 * bf16_bytes
     # the same bf16 weight copy, and one cast_transpose of every weight a step
     assert fp8.bytes == bf16.bytes + 1000 * 4
+
+
+@pytest.mark.parametrize("tp, sp", [(1, False), (2, True)])
+def test_saved_gemm_inputs_take_one_byte(tp, sp):
+    from learnedperf.simulate.memory import layer_activation_bytes
+
+    def run(precision):
+        return make_run(LLAMA_GQA, num_devices=tp, device=FP8_DEVICE, precision=precision, tp=tp,
+                        sequence_parallel=sp, micro_batch_size=2, global_batch_size=2)
+
+    # Transformer Engine keeps the QKV and FC1 inputs (the norms' fp8 outputs), the projection's input and the
+    # FC2 input in fp8 for the weight gradients: one byte an element less than bf16 for each; Q, K, V, the
+    # norms' inputs and the activation's input stay bf16
+    T, h, f = 2 * LLAMA_GQA["seq_length"], LLAMA_GQA["hidden_size"], LLAMA_GQA["ffn_hidden_size"]
+    saved = 2 * T * h / (tp if sp else 1) + T * (h + f) / tp
+    assert layer_activation_bytes(run("bf16")) - layer_activation_bytes(run("fp8")) == pytest.approx(saved)

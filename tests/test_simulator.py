@@ -375,3 +375,25 @@ def test_extrapolated_peak_memory_equals_the_full_compilation(kw):
     res = simulate(run, cost=roofline(run))
     assert res.extrapolated
     assert res.memory.total == pytest.approx(peak_memory(compile_run(run)).total, rel=1e-12)
+
+
+def test_breakdown_is_the_bottleneck_stages():
+    """With a 256k vocabulary the last stage's LM head makes it the slower of two, while in 1F1B the first stage
+    finishes last. The breakdown is the slower stage's: its kernels for every micro-batch, and a bubble of one
+    forward and one backward of the faster stage (its first micro-batch's forward before, the last backward after)."""
+    from learnedperf.simulate.simulator import _unit_cost
+
+    run = make_run(dict(LLAMA_GQA, num_layers=2, vocab_size=256000), num_devices=2, pp=2, micro_batch_size=1,
+                   global_batch_size=8)
+    cost = roofline(run, FREE_COMM_PARAMS)
+    first, last = (st.chunks[0] for st in compile_run(run).stages)
+    f0, b0 = _unit_cost(first.forward, cost)[0], _unit_cost(first.backward, cost)[0]
+    f1, b1 = _unit_cost(last.forward, cost)[0], _unit_cost(last.backward, cost)[0]
+    assert f1 + b1 > 3 * (f0 + b0)
+    for exact in (True, False):
+        res = simulate(run, cost=cost, exact=exact)
+        bd = res.breakdown_s
+        assert bd["compute"] == pytest.approx(8 * (f1 + b1), rel=1e-9)
+        assert bd["pipeline_bubble"] == pytest.approx(f0 + b0, rel=1e-4)
+        parts = ("compute", "optimizer", "exposed_communication", "pipeline_bubble")
+        assert sum(bd[k] for k in parts) == pytest.approx(res.iteration_time_s, rel=1e-9)

@@ -70,7 +70,7 @@ RECORD_COLUMNS: dict[str, tuple[str, str]] = {
     "iteration_p90_ms": ("float64", "measured 90th percentile (null when unknown, and for simulated rows)"),
     "tokens_per_second": ("float64", "global_batch_size · seq_length / iteration time"),
     "mfu": ("float64", "model FLOPs utilisation of the iteration time (null if the simulator cannot run it)"),
-    "forward_ms": ("float64", "simulated breakdown on the critical stage: forward kernels (null if measured)"),
+    "forward_ms": ("float64", "simulated breakdown on the bottleneck stage: forward kernels (null if measured)"),
     "backward_ms": ("float64", "backward kernels (recompute excluded)"),
     "recompute_ms": ("float64", "activation recomputation"),
     "compute_ms": ("float64", "forward + backward + recompute"),

@@ -34,7 +34,7 @@ from ..data.graphs import DTYPES, EDGE_TYPES, KINDS, NODE_FEATURES, PHASES, SHAP
 from ..errors import InputError
 from .ops import FeatureSchema
 
-GRAPH_FEATURE_SCHEMA_VERSION = 6
+GRAPH_FEATURE_SCHEMA_VERSION = 7
 """Version of the node, edge and global feature schemas together; bumped on any change of names,
 order or meaning (checkpoints refuse to load under another version)."""
 

@@ -61,6 +61,10 @@ def layer_activation_bytes(run) -> float:
     h, t = m.hidden_size, s.tp
     e = 2 if s.precision in ("bf16", "fp16", "fp8") else 4
     er = 4 if s.autocast else e  # norm inputs and the layer input: the fp32 residual stream under autocast
+    # the inputs of fp8 GEMMs are saved as Transformer Engine casts them, 1 byte an element (Linear keeps its
+    # fp8 input, LayerNormLinear/LayerNormMLP their fp8 norm output and FC2 input for the weight gradients);
+    # attention's Q, K, V and the activation function's input stay bf16
+    eg = 1 if s.precision == "fp8" else e
     sp = s.sequence_parallel and t > 1
     T = b * seq
     q_hd = m.attention_width  # hidden_size unless head_dim is set apart
@@ -76,14 +80,15 @@ def layer_activation_bytes(run) -> float:
     if s.recompute == "full":
         return T * h * er / (t if sp else 1)
     # tensors replicated across TP ranks unless sequence parallel: norm inputs, QKV and FC1 inputs, masks
-    replicated = T * h * er * 2 + T * h * e * 2 + (2 * T * h if dropout else 0)
-    # MLA's latents, every rank whole: the query and key-value latents before and after their norms
-    replicated += T * (m.q_lora_rank + m.kv_lora_rank) * e * 2 + T * m.qk_rope_head_dim * e
+    replicated = T * h * er * 2 + T * h * eg * 2 + (2 * T * h if dropout else 0)
+    # MLA's latents, every rank whole: the query and key-value latents before their norms, and after them as
+    # the up projections' inputs
+    replicated += T * (m.q_lora_rank + m.kv_lora_rank) * (e + eg) + T * m.qk_rope_head_dim * e
     sharded = (T * (q_hd + k_hd) * e  # Q and K for the scores
                + T * v_hd * e  # V
-               + T * o_hd * e  # projection input (attention output)
+               + T * o_hd * eg  # projection input (attention output)
                + T * f * e * (2 if m.activation == "swiglu" else 1)  # activation-function input
-               + T * f * e)  # FC2 input
+               + T * f * eg)  # FC2 input
     scores = 0.0
     if not s.flash_attention and s.recompute != "selective":
         # softmax output (e), dropout mask (1 byte) and dropout output (e) per score (Korthikanti eq. 2)

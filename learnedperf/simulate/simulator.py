@@ -8,8 +8,9 @@ reduce-scatters), ``p2p`` (overlapped pipeline sends) and ``ep`` (expert all-to-
 that another micro-batch's computation hides, ``overlap_moe_comm``) — over
 two links per rank (``intra``: inside the node; ``inter``: its network share)
 whose bandwidth concurrent transfers share. Where the hardware says computation hides only a
-share of a collective (``comm_overlap``, measured), the rest of the time the critical stage's
-collectives ran beside its computation is added to the iteration.
+share of a collective (``comm_overlap``, measured), the rest of the time the collectives of the stage
+that finishes last ran beside its computation is added to the iteration. The breakdown is the
+bottleneck stage's: the one that waits least on the others.
 
 Long steady states are extrapolated exactly: the iteration time of a pipeline
 of identical micro-batches is, after the warm-up, linear in their number, so
@@ -530,17 +531,10 @@ class _Builder:
         self.fcost, self.bcost = fcost, bcost
 
 
-def _analyse(b: _Builder) -> tuple[float, dict[str, float]]:
-    """Iteration time and breakdown of the critical (last-finishing) stage's compute stream."""
+def _stage_breakdown(b: _Builder, st: int, total: float) -> dict[str, float]:
+    """Where stage ``st``'s compute stream spends the iteration's ``total`` seconds."""
     e = b.e
-    total = e.run()
-    best_stage, best_end = 0, -1.0
-    for st, sid in enumerate(b.compute_streams):
-        tasks = e.stream_tasks[sid]
-        end = e.end[tasks[-1]] if tasks else 0.0
-        if end > best_end:
-            best_stage, best_end = st, end
-    tasks = e.stream_tasks[b.compute_streams[best_stage]]
+    tasks = e.stream_tasks[b.compute_streams[st]]
     bd = {"forward": 0.0, "backward": 0.0, "recompute": 0.0, "optimizer": 0.0, "exposed_communication": 0.0,
           "pipeline_bubble": 0.0}
     prev_end = 0.0
@@ -553,8 +547,8 @@ def _analyse(b: _Builder) -> tuple[float, dict[str, float]]:
             w = e.waited[i]
             cause = e.t_cat[w] if w >= 0 else ""
             # waiting on a gradient/parameter collective, or on expert all-to-alls that outlasted the kernels
-            # beside them, is exposed communication; waiting on another
-            # stage's activations (compute or its send) is the pipeline bubble
+            # beside them, is exposed communication; waiting on another stage's activations (compute or its
+            # send) is the pipeline bubble
             if cause in ("dp_comm", "tp_comm", "ep_comm"):
                 bd["exposed_communication"] += gap
             else:
@@ -576,19 +570,48 @@ def _analyse(b: _Builder) -> tuple[float, dict[str, float]]:
         else:
             bd["exposed_communication"] += dur
         prev_end = e.end[i]
-    # anything after the critical stage's last task (other stages still finishing) is bubble
+    # anything after the stage's last task (other stages still finishing) is bubble
     bd["pipeline_bubble"] += max(0.0, total - prev_end)
     bd["compute"] = bd["forward"] + bd["backward"] + bd["recompute"]
+    return bd
+
+
+def _analyse(b: _Builder, stage: Optional[int] = None) -> tuple[float, dict[str, float], int]:
+    """Iteration time, and the breakdown of the bottleneck stage: ``stage`` if given, else the stage that waits
+    least on the others (the least pipeline bubble; among equals the last to finish). Returns the stage too.
+
+    The bottleneck, not the last stage to finish: in an unbalanced pipeline the first stage finishes last
+    but spends its time waiting on a slower stage, whose own compute and communication are what the
+    iteration pays for.
+    """
+    e = b.e
+    total = e.run()
+    last_stage, last_end = 0, -1.0
+    for st, sid in enumerate(b.compute_streams):
+        tasks = e.stream_tasks[sid]
+        end = e.end[tasks[-1]] if tasks else 0.0
+        if end > last_end:
+            last_stage, last_end = st, end
+    if stage is None:
+        stage, bd = last_stage, _stage_breakdown(b, last_stage, total)
+        for st in range(len(b.compute_streams)):
+            if st != last_stage:
+                other = _stage_breakdown(b, st, total)
+                if other["pipeline_bubble"] < bd["pipeline_bubble"]:
+                    stage, bd = st, other
+    else:
+        bd = _stage_breakdown(b, stage, total)
     overlap = b.eg.run.hardware.comm_overlap
     if overlap is not None and overlap < 1.0:
         # collectives that computation only partly hides (gloo on the cores the kernels use): the
-        # unhidden share of the time they ran beside the critical stage's compute is paid on top
-        hidden = _overlap_s([(e.start[i], e.end[i]) for sid in b.comm_streams[best_stage] for i in e.stream_tasks[sid]],
+        # unhidden share of the time they ran beside the last stage's compute is paid on top
+        tasks = e.stream_tasks[b.compute_streams[last_stage]]
+        hidden = _overlap_s([(e.start[i], e.end[i]) for sid in b.comm_streams[last_stage] for i in e.stream_tasks[sid]],
                             [(e.start[i], e.end[i]) for i in tasks])
         extra = (1.0 - overlap) * hidden
         total += extra
         bd["exposed_communication"] += extra
-    return total, bd
+    return total, bd, stage
 
 
 def _overlap_s(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
@@ -618,12 +641,12 @@ def _overlap_s(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> fl
     return total
 
 
-def _simulate_once(run: RunSpec, cost: CostModel, m: int):
+def _simulate_once(run: RunSpec, cost: CostModel, m: int, stage: Optional[int] = None):
     eg = compile_run(run, m)
     b = _Builder(eg, cost)
     b.build()
-    total, bd = _analyse(b)
-    return total, bd, b, eg
+    total, bd, stage = _analyse(b, stage)
+    return total, bd, b, eg, stage
 
 
 def simulate(run: RunSpec | dict, *, cost: CostModel | None = None, trace: bool = False,
@@ -645,8 +668,9 @@ def simulate(run: RunSpec | dict, *, cost: CostModel | None = None, trace: bool 
     m1, m2 = (s.pp, 2 * s.pp) if s.pp > 1 else (2, 3)
     extrapolate = not (exact or trace) and m > m2
     if extrapolate:
-        t1, bd1, _b1, _ = _simulate_once(run, cost, m1)
-        t2, bd2, b2, eg = _simulate_once(run, cost, m2)
+        # the bottleneck stage of m2's pipeline is analysed at m1 too: the breakdown's line joins one stage
+        t2, bd2, b2, eg, stage = _simulate_once(run, cost, m2)
+        t1, bd1, _b1, _, _ = _simulate_once(run, cost, m1, stage)
         slope = (m - m2) / (m2 - m1)
         total = t2 + (t2 - t1) * slope
         bd = {k: max(0.0, bd2[k] + (bd2[k] - bd1[k]) * slope) for k in bd2}
@@ -654,7 +678,7 @@ def simulate(run: RunSpec | dict, *, cost: CostModel | None = None, trace: bool 
         if m2 < memory_microbatches(run):  # m2's graph has the peak memory unless activations still grow
             eg = compile_run(run)
     else:
-        total, bd, b2, eg = _simulate_once(run, cost, m)
+        total, bd, b2, eg, _ = _simulate_once(run, cost, m)
         events = len(b2.e.t_stream)
     mem = peak_memory(eg)
     result = SimResult(run, total, bd, mem, model_flops_per_iteration(run), events, extrapolate,

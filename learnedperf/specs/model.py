@@ -329,8 +329,8 @@ class ModelSpec(Spec):
 
         Supports GPT-2, GPT-J/NeoX, OPT, BERT/RoBERTa, Llama/Mistral/Qwen2/Qwen3/Gemma, and Mixtral,
         Qwen3-MoE, Qwen1.5/2-MoE, DeepSeek-MoE (shared experts, leading dense layers), DeepSeek-V2/V3
-        (latent attention), Llama 4 (its text model) and Switch-style MoE configs. ``seq_length`` defaults to the config's
-        maximum position count.
+        (latent attention), Llama 4 (its text model) and Switch-style MoE configs. ``seq_length`` defaults to
+        the config's maximum position count.
         """
         from .hf import hf_config_to_arch  # local: keeps the mapping table out of import time
 
