@@ -444,7 +444,8 @@ SEARCH_CONSTRAINTS = {
     "sequence_parallel": ([True, False], "sequence parallelism choices (with tp > 1)"),
     "memory_headroom_GiB": (0.0, "memory to leave free on every device"),
     "fixed": ({}, "other strategy fields every candidate takes as given (e.g. flash_attention, "
-                  "overlap_grad_reduce, optimizer); validated with the run"),
+                  "overlap_grad_reduce, optimizer; moe_dispatcher and overlap_moe_comm go to the candidates "
+                  "with ep > 1 only); validated with the run"),
     "max_candidates": (200000, "refuse a search space larger than this"),
 }
 
@@ -546,11 +547,13 @@ def enumerate_strategies(model: Any, hw: Any, constraints: Optional[dict] = None
                     for ep in eps:
                         sharding = [(z, r) for z in zeros for r in _replica_choices(z, tp, dp, cp, ep, hw.node_size,
                                                                                     c["hybrid_sharding"])]
+                        # expert dispatch moves tokens between expert-parallel ranks: none to move with ep 1
+                        fixed = c["fixed"] if ep > 1 else {k: v for k, v in c["fixed"].items() if k not in _EP_KEYS}
                         for sched, v in pipes:
                             for rc in c["recompute"]:
                                 for z, r in sharding:
                                     for sp in sps:
-                                        out.append({**c["fixed"], "tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep,
+                                        out.append({**fixed, "tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep,
                                                     "micro_batch_size": mbs, "global_batch_size": gbs,
                                                     "pipeline_schedule": sched, "virtual_pipeline_stages": v,
                                                     "recompute": rc, "zero_stage": z, "dp_replicate": r,
@@ -561,6 +564,10 @@ def enumerate_strategies(model: Any, hw: Any, constraints: Optional[dict] = None
                                                 f"{c['max_candidates']} strategies; narrow it (e.g. tp, pp, "
                                                 f"micro_batch_size, recompute)")
     return c, out
+
+
+#: Strategy fields that only a candidate with expert parallelism takes from ``constraints.fixed``.
+_EP_KEYS = ("moe_dispatcher", "overlap_moe_comm")
 
 
 def _replica_choices(zero: int, tp: int, dp: int, cp: int, ep: int, node_size: int, hybrid: list) -> list[int]:

@@ -121,3 +121,18 @@ def test_fast_tier_features_see_the_dispatch():
     # DeepEP sends a token over the network once per other node its experts are on, not once per expert
     assert deepep.layer_comm_s < plain.layer_comm_s
     assert overlap.layer_comm_s < plain.layer_comm_s and overlap.compute_s > plain.compute_s
+
+
+def test_search_gives_the_dispatch_keys_to_expert_parallel_candidates_only():
+    from learnedperf.predict import enumerate_strategies
+
+    run = make_run(MOE16, num_devices=16)
+    fixed = {"moe_dispatcher": "deepep", "overlap_moe_comm": True}
+    _c, cands = enumerate_strategies(run.model, run.hardware, {"global_batch_size": 16, "tp": [1], "pp": [1],
+                                                               "micro_batch_size": [1], "recompute": ["none"],
+                                                               "zero_stages": [0], "fixed": fixed})
+    assert sorted({c["ep"] for c in cands}) == [1, 2, 4, 8, 16]
+    for c in cands:
+        assert ({k: c[k] for k in fixed} == fixed) if c["ep"] > 1 else not set(fixed) & set(c)
+        # every candidate is a valid run: ep 1 keeps no dispatch key it could not have
+        RunSpec.from_dict({"model": MOE16, "hardware": run.hardware.to_dict(), "strategy": c})
