@@ -799,3 +799,30 @@ def test_dense_deepseek_models_are_not_read_as_moes(tmp_path, name, layers, hidd
     assert not got.skipped, got.skipped
     model = RunSpec.from_dict(got.runs[0].run).model
     assert (model.arch, model.is_moe, model.is_mla) == ("llama", False, False)
+
+
+@pytest.mark.parametrize("notes, ep, expected", [
+    ("Megatron-Core, DeepEP, EP A2A overlap", "8", {"moe_dispatcher": "deepep", "overlap_moe_comm": True}),
+    ("flex dispatcher", "8", {"moe_dispatcher": "deepep"}),
+    ("--overlap-moe-expert-parallel-comm", "8", {"overlap_moe_comm": True}),
+    ("TP comm overlap", "8", {}),  # tensor-parallel overlap says nothing about the expert all-to-alls
+    ("DeepEP, A2A overlap", "1", {}),  # nothing to dispatch without expert parallelism
+])
+def test_expert_dispatch_words_map_to_the_run_format(tmp_path, notes, ep, expected):
+    path = tmp_path / "moe.csv"
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=PUBLISHED_COLUMNS)
+        w.writeheader()
+        w.writerow({"row_id": "m1", "model": "Mixtral 8x7B", "num_layers": "32", "hidden_size": "4096",
+                    "num_heads": "32", "seq_len": "4096", "gpu_type": "H100 SXM5 80GB", "num_gpus": "64",
+                    "tp": "2", "pp": "1", "ep": ep, "micro_batch_size": "1", "global_batch_size_seqs": "256",
+                    "activation_recompute": "none", "precision": "bf16", "framework": "Megatron-Core 2025",
+                    "notes": notes, "iteration_time_s": "1.0"})
+    got = load_published(path)
+    assert not got.skipped, got.skipped
+    (m,) = got.runs
+    strategy = RunSpec.from_dict(m.run).strategy
+    assert {k: getattr(strategy, k) for k in expected} == expected
+    defaults = {"moe_dispatcher": "alltoall", "overlap_moe_comm": False}
+    assert {k: getattr(strategy, k) for k in defaults if k not in expected} == {
+        k: v for k, v in defaults.items() if k not in expected}

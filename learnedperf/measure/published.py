@@ -755,6 +755,7 @@ def _strategy(row: dict, model: dict, num_gpus: int, per_node: int, assumed: lis
         s["cp"] = cp
     if ep > 1:
         s["ep"] = ep
+        s.update(_expert_dispatch(row))
     if _flag(row, "sp"):
         s["sequence_parallel"] = True
     # a run on part of one node is that node: its data-parallel ranks all share it
@@ -762,6 +763,29 @@ def _strategy(row: dict, model: dict, num_gpus: int, per_node: int, assumed: lis
     s.update(_schedule(row, pp, assumed))
     s["flash_attention"] = _flash_attention(row, assumed)
     return s
+
+
+# DeepEP's kernels, or Megatron-Core's flex dispatcher that runs them; expert all-to-alls hidden behind another
+# micro-batch's computation (Megatron-Core's overlap_moe_expert_parallel_comm, "EP A2A overlap")
+_DEEPEP = re.compile(r"\bdeep[\s_-]?ep\b|\bflex\s+(?:token\s+)?dispatcher\b")
+_A2A_OVERLAP = re.compile(r"overlap[\s_-]+moe[\s_-]+expert[\s_-]+parallel[\s_-]+comm"
+                          r"|\b(?:ep|expert[\s_-]parallel|moe|a2a|all[\s_-]?to[\s_-]?all)\s+"
+                          r"(?:a2a\s+|comm\w*\s+)?overlap"
+                          r"|\boverlap(?:ped|ping)?\s+(?:the\s+)?(?:ep\s+|expert\s+|moe\s+)?"
+                          r"(?:a2a|all[\s_-]?to[\s_-]?alls?)\b")
+
+
+def _expert_dispatch(row: dict) -> dict:
+    """The expert-dispatch keys an expert-parallel row's words state: DeepEP (``moe_dispatcher``) and all-to-alls
+    overlapped with computation (``overlap_moe_comm``); neither when the row does not say (Megatron-Core's
+    defaults)."""
+    text = " ".join(_cell(row, k) for k in ("framework", "notes", "other_metric")).lower()
+    out: dict[str, Any] = {}
+    if _DEEPEP.search(text):
+        out["moe_dispatcher"] = "deepep"
+    if _A2A_OVERLAP.search(text):
+        out["overlap_moe_comm"] = True
+    return out
 
 
 def _flash_attention(row: dict, assumed: list) -> bool:
