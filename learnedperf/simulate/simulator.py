@@ -604,7 +604,7 @@ def _analyse(b: _Builder, stage: Optional[int] = None) -> tuple[float, dict[str,
     overlap = b.eg.run.hardware.comm_overlap
     if overlap is not None and overlap < 1.0:
         # collectives that computation only partly hides (gloo on the cores the kernels use): the
-        # unhidden share of the time they ran beside the last stage's compute is paid on top
+        # unhidden share of the time they ran beside the compute of the stage that finishes last is paid on top
         tasks = e.stream_tasks[b.compute_streams[last_stage]]
         hidden = _overlap_s([(e.start[i], e.end[i]) for sid in b.comm_streams[last_stage] for i in e.stream_tasks[sid]],
                             [(e.start[i], e.end[i]) for i in tasks])
