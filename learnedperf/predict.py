@@ -26,6 +26,7 @@ simulator's own answer (full tier).
 
 from __future__ import annotations
 
+from itertools import product
 from pathlib import Path
 from typing import Any, Optional
 
@@ -442,6 +443,9 @@ SEARCH_CONSTRAINTS = {
                                        "comes with one copy of its states per node (dp_replicate: FSDP "
                                        "HYBRID_SHARD's layout); [true] alone keeps only that variant"),
     "sequence_parallel": ([True, False], "sequence parallelism choices (with tp > 1)"),
+    "moe_dispatchers": (["alltoall"], "expert dispatch choices of the candidates with ep > 1 (alltoall, deepep)"),
+    "overlap_moe_comm": ([False], "choices of overlapping expert all-to-alls with computation (candidates with "
+                                  "ep > 1)"),
     "memory_headroom_GiB": (0.0, "memory to leave free on every device"),
     "fixed": ({}, "other strategy fields every candidate takes as given (e.g. flash_attention, "
                   "overlap_grad_reduce, optimizer; moe_dispatcher and overlap_moe_comm go to the candidates "
@@ -480,7 +484,8 @@ def _check_constraints(model: Any, hw: Any, constraints: Optional[dict]) -> dict
             raise InputError(f"constraints.{k}: must be a positive integer, got {c[k]!r}")
     for k, allowed in (("schedules", ("gpipe", "1f1b", "interleaved")), ("recompute", ("none", "selective", "full")),
                        ("zero_stages", (0, 1, 2, 3)), ("sequence_parallel", (True, False)),
-                       ("hybrid_sharding", (True, False))):
+                       ("hybrid_sharding", (True, False)), ("moe_dispatchers", ("alltoall", "deepep")),
+                       ("overlap_moe_comm", (True, False))):
         v = c[k]
         if not isinstance(v, list) or not v or any(x not in allowed or isinstance(x, bool) != isinstance(
                 allowed[0], bool) for x in v):
@@ -489,6 +494,9 @@ def _check_constraints(model: Any, hw: Any, constraints: Optional[dict]) -> dict
     searched = {"tp", "pp", "dp", "cp", "ep", "micro_batch_size", "global_batch_size", "pipeline_schedule",
                 "virtual_pipeline_stages", "recompute", "zero_stage", "sequence_parallel", "precision",
                 "dp_replicate"}
+    # the dispatch keys are searched when the constraints list more than their default
+    searched |= {k for k, key in (("moe_dispatcher", "moe_dispatchers"), ("overlap_moe_comm", "overlap_moe_comm"))
+                 if c[key] != SEARCH_CONSTRAINTS[key][0]}
     if not isinstance(fixed, dict) or searched & set(fixed):
         raise InputError(f"constraints.fixed: must be an object of strategy fields the search does not vary "
                          f"(not {sorted(searched & set(fixed)) if isinstance(fixed, dict) else fixed!r})")
@@ -507,7 +515,8 @@ def enumerate_strategies(model: Any, hw: Any, constraints: Optional[dict] = None
     ``max_tp``), pp (divisors of the devices left, at most the layers), cp, dp (the rest),
     ep (MoE), micro-batch size (dividing the batch per data-parallel rank), schedule and
     virtual stages, recomputation, ZeRO stage (with and without hybrid sharding: one copy of the states
-    per node) and sequence parallelism. Strategies the run
+    per node), sequence parallelism and, with ep > 1, the expert dispatch choices (alltoall only and
+    all-to-alls blocking unless the constraints list more). Strategies the run
     validation rejects (e.g. interleaving whose micro-batches are not a multiple of pp) are counted by the
     caller as invalid, not hidden.
 
@@ -549,11 +558,15 @@ def enumerate_strategies(model: Any, hw: Any, constraints: Optional[dict] = None
                                                                                     c["hybrid_sharding"])]
                         # expert dispatch moves tokens between expert-parallel ranks: none to move with ep 1
                         fixed = c["fixed"] if ep > 1 else {k: v for k, v in c["fixed"].items() if k not in _EP_KEYS}
+                        # its choices (a key left out where the default is chosen), one for ep 1
+                        dispatch = [{**({"moe_dispatcher": d} if d != "alltoall" else {}),
+                                     **({"overlap_moe_comm": True} if o else {})}
+                                    for d in c["moe_dispatchers"] for o in c["overlap_moe_comm"]] if ep > 1 else [{}]
                         for sched, v in pipes:
                             for rc in c["recompute"]:
                                 for z, r in sharding:
-                                    for sp in sps:
-                                        out.append({**fixed, "tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep,
+                                    for sp, dv in product(sps, dispatch):
+                                        out.append({**fixed, **dv, "tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep,
                                                     "micro_batch_size": mbs, "global_batch_size": gbs,
                                                     "pipeline_schedule": sched, "virtual_pipeline_stages": v,
                                                     "recompute": rc, "zero_stage": z, "dp_replicate": r,

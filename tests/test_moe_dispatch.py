@@ -136,3 +136,26 @@ def test_search_gives_the_dispatch_keys_to_expert_parallel_candidates_only():
         assert ({k: c[k] for k in fixed} == fixed) if c["ep"] > 1 else not set(fixed) & set(c)
         # every candidate is a valid run: ep 1 keeps no dispatch key it could not have
         RunSpec.from_dict({"model": MOE16, "hardware": run.hardware.to_dict(), "strategy": c})
+
+
+def test_search_tries_the_dispatch_choices_it_is_given():
+    from learnedperf.errors import InputError
+    from learnedperf.predict import enumerate_strategies
+
+    run = make_run(MOE16, num_devices=16)
+    base = {"global_batch_size": 16, "tp": [1], "pp": [1], "micro_batch_size": [1], "recompute": ["none"],
+            "zero_stages": [0], "ep": [1, 16], "cp": [1]}
+    _c, plain = enumerate_strategies(run.model, run.hardware, base)
+    assert len(plain) == 2 and not any("moe_dispatcher" in c or "overlap_moe_comm" in c for c in plain)
+    _c, cands = enumerate_strategies(run.model, run.hardware, {**base, "moe_dispatchers": ["alltoall", "deepep"],
+                                                               "overlap_moe_comm": [False, True]})
+    # ep 1: one candidate; ep 16: the four combinations, the defaults left out
+    got = sorted((c["ep"], c.get("moe_dispatcher", "alltoall"), c.get("overlap_moe_comm", False)) for c in cands)
+    assert got == [(1, "alltoall", False), (16, "alltoall", False), (16, "alltoall", True), (16, "deepep", False),
+                   (16, "deepep", True)]
+    # a searched key cannot also be fixed; a bad choice is named
+    with pytest.raises(InputError, match="constraints.fixed"):
+        enumerate_strategies(run.model, run.hardware, {**base, "moe_dispatchers": ["deepep"],
+                                                       "fixed": {"moe_dispatcher": "deepep"}})
+    with pytest.raises(InputError, match="constraints.moe_dispatchers"):
+        enumerate_strategies(run.model, run.hardware, {**base, "moe_dispatchers": ["nccl"]})
