@@ -989,6 +989,10 @@ def _cmd_search(args: argparse.Namespace) -> int:
         return 1
     head = ("#", "tp", "pp", "dp", "cp", "ep", "mbs", "schedule", "recompute", "zero", "sp", "time ms",
             "90% interval ms", "mem GiB", "MFU", "P(fastest)")
+    # the expert dispatch gets a column when a result departs from the default (alltoall, blocking)
+    dispatch = any(k in r["strategy"] for r in result["results"] for k in ("moe_dispatcher", "overlap_moe_comm"))
+    if dispatch:
+        head = head[:6] + ("dispatch",) + head[6:]
     rows = []
     for r in result["results"]:
         s = r["strategy"]
@@ -1001,6 +1005,9 @@ def _cmd_search(args: argparse.Namespace) -> int:
                      "y" if s["sequence_parallel"] else "n", f"{r['iteration_time_ms']:,.1f}",
                      f"{lo:,.1f}-{hi:,.1f}", f"{r['peak_memory_GiB']:.1f}", f"{100 * r['mfu']:.1f}%",
                      f"{r['p_fastest']:.2f}"))
+        if dispatch:
+            d = s.get("moe_dispatcher", "alltoall") + (", overlapped" if s.get("overlap_moe_comm") else "")
+            rows[-1] = rows[-1][:6] + (d if s["ep"] > 1 else "-",) + rows[-1][6:]
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
     for row in (head, *rows):
         print("  ".join(v.rjust(w) for v, w in zip(row, widths)).rstrip())

@@ -266,6 +266,22 @@ def test_search_prints_a_ranked_table_and_json(capsys):
     assert all(r["strategy"]["recompute"] == "none" and r["peak_memory_GiB"] <= 80 for r in result["results"])
 
 
+def test_search_table_names_the_expert_dispatch_it_tried(capsys):
+    argv = ["search", "--model", "mixtral-8x7b", "--cluster", CLUSTER, "--num-devices", "16", "--global-batch-size",
+            "16", "--seq-length", "1024", "--top", "40", "--format", "json", "--constraints",
+            '{"moe_dispatchers": ["alltoall", "deepep"], "overlap_moe_comm": [true], "tp": [2], "pp": [1], '
+            '"cp": [1], "ep": [1, 8], "recompute": ["full"], "zero_stages": [3], "micro_batch_size": [1], '
+            '"sequence_parallel": [true]}']
+    assert main(argv) == 0
+    result = json.loads(capsys.readouterr().out)
+    seen = {(r["strategy"]["ep"], r["strategy"].get("moe_dispatcher", "alltoall"),
+             r["strategy"].get("overlap_moe_comm", False)) for r in result["results"]}
+    assert seen == {(1, "alltoall", False), (8, "alltoall", True), (8, "deepep", True)}
+    assert main(argv[:-4] + argv[-2:]) == 0  # the table
+    out = capsys.readouterr().out
+    assert "dispatch" in out and "deepep, overlapped" in out and "alltoall, overlapped" in out
+
+
 def test_search_bad_constraint_is_one_line(tmp_path, capsys):
     assert main(["search", "--model", MODEL, "--cluster", CLUSTER, "--num-devices", "8", "--global-batch-size",
                  "16", "--constraints", '{"tp_max": 4}']) == 1
