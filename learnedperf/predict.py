@@ -500,6 +500,13 @@ def _check_constraints(model: Any, hw: Any, constraints: Optional[dict]) -> dict
     if not isinstance(fixed, dict) or searched & set(fixed):
         raise InputError(f"constraints.fixed: must be an object of strategy fields the search does not vary "
                          f"(not {sorted(searched & set(fixed)) if isinstance(fixed, dict) else fixed!r})")
+    if not model.is_moe:
+        # a dense model has no expert-parallel candidate to take them: say so rather than drop them
+        asked = [f"fixed.{k}" for k in _EP_KEYS if k in fixed] + [
+            k for k in ("moe_dispatchers", "overlap_moe_comm") if c[k] != SEARCH_CONSTRAINTS[k][0]]
+        if asked:
+            raise InputError(f"constraints.{asked[0]}: expert dispatch needs a mixture-of-experts model; "
+                             f"{model.name} has no experts")
     h = c["memory_headroom_GiB"]
     if not isinstance(h, (int, float)) or isinstance(h, bool) or not (0 <= h < hw.device.memory_GiB):
         raise InputError(f"constraints.memory_headroom_GiB: must be in [0, {hw.device.memory_GiB}), got {h!r}")

@@ -159,3 +159,16 @@ def test_search_tries_the_dispatch_choices_it_is_given():
                                                        "fixed": {"moe_dispatcher": "deepep"}})
     with pytest.raises(InputError, match="constraints.moe_dispatchers"):
         enumerate_strategies(run.model, run.hardware, {**base, "moe_dispatchers": ["nccl"]})
+
+
+@pytest.mark.parametrize("constraints, field", [
+    ({"fixed": {"moe_dispatcher": "deepep"}}, "constraints.fixed.moe_dispatcher"),
+    ({"overlap_moe_comm": [True]}, "constraints.overlap_moe_comm")])
+def test_search_of_a_dense_model_refuses_expert_dispatch(constraints, field):
+    from learnedperf.errors import InputError
+    from learnedperf.predict import enumerate_strategies
+
+    run = make_run(dict(MOE16, arch="llama", num_experts=1, moe_top_k=1), num_devices=8)
+    with pytest.raises(InputError) as err:
+        enumerate_strategies(run.model, run.hardware, {"global_batch_size": 8, **constraints})
+    assert str(err.value).startswith(field + ":")
