@@ -675,6 +675,41 @@ def test_a_head_dim_set_apart_counts_the_published_parameters(config, total_B, a
     assert m.num_active_params() / 1e9 == pytest.approx(active_B, rel=0.02)
 
 
+# config.json of google/gemma-2-9b and the text_config of google/gemma-3-4b-pt (the keys that shape the model)
+GEMMA2_9B = {"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "hidden_size": 3584,
+             "intermediate_size": 14336, "num_attention_heads": 16, "num_key_value_heads": 8, "num_hidden_layers": 42,
+             "head_dim": 256, "vocab_size": 256000, "max_position_embeddings": 8192, "sliding_window": 4096,
+             "hidden_activation": "gelu_pytorch_tanh"}
+GEMMA3_4B_TEXT = {"model_type": "gemma3_text", "hidden_size": 2560, "intermediate_size": 10240,
+                  "num_attention_heads": 8, "num_key_value_heads": 4, "num_hidden_layers": 34, "head_dim": 256,
+                  "vocab_size": 262208, "max_position_embeddings": 131072, "sliding_window": 1024,
+                  "hidden_activation": "gelu_pytorch_tanh"}
+GEMMA3_4B = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+             "text_config": GEMMA3_4B_TEXT}
+
+
+@pytest.mark.parametrize("config, seq, non_embedding_M", [
+    # Gemma Team 2024 (arXiv 2408.00118), Table 2: 9B, 8,324,201,984 non-embedding parameters, of which the run
+    # format leaves out the two extra norms a layer (post-attention and post-MLP, 2·42·3584 = 301,056)
+    (GEMMA2_9B, 4096, 8324.2),
+    # Gemma Team 2025 (arXiv 2503.19786), Table 1: 4B, 3,209M non-embedding parameters (and a 417M vision
+    # encoder the run format leaves out)
+    (GEMMA3_4B, 1024, 3209)])
+def test_gemma_2_and_3_count_their_reported_parameters(config, seq, non_embedding_M):
+    m = ModelSpec.from_hf_config(config, seq)
+    embedding = m.vocab_size * m.hidden_size  # tied with the LM head
+    assert m.tie_embeddings and (m.num_params() - embedding) / 1e6 == pytest.approx(non_embedding_M, rel=1e-3)
+
+
+@pytest.mark.parametrize("config, field", [(GEMMA2_9B, "model.hf_config.sliding_window"),
+                                           (GEMMA3_4B, "model.hf_config.text_config.sliding_window")])
+def test_gemma_local_attention_beyond_its_window_is_refused(config, field):
+    # Gemma 2's 8K pre-training sequences exceed its 4K window: its local layers are not in the run format
+    with pytest.raises(SpecError) as err:
+        ModelSpec.from_hf_config(config)
+    assert err.value.field == field
+
+
 def test_head_dim_is_written_only_where_it_is_set_apart():
     plain = ModelSpec.parse({"arch": "llama", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
                              "vocab_size": 100, "seq_length": 16})

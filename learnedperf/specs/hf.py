@@ -6,8 +6,10 @@ One function, :func:`hf_config_to_arch`, maps the key names of each supported
 
 * decoders with learned or rotary positions: ``gpt2``, ``gptj``, ``gpt_neox``, ``opt`` → arch ``gpt``
 * encoders: ``bert``, ``roberta`` → arch ``bert``
-* gated decoders: ``llama``, ``mistral``, ``qwen2``, ``qwen3``, ``gemma`` → arch ``llama`` (an explicit
-  ``head_dim`` that differs from hidden_size / heads, as Qwen3's and Gemma's, is kept)
+* gated decoders: ``llama``, ``mistral``, ``qwen2``, ``qwen3``, ``gemma``, ``gemma2``, ``gemma3`` (its
+  ``text_config``) and ``gemma3_text`` → arch ``llama`` (an explicit ``head_dim`` that differs from
+  hidden_size / heads, as Qwen3's and Gemma's, is kept; Gemma 2/3 beyond their ``sliding_window`` are
+  refused, and their extra post-norms are not counted)
 * mixture of experts: ``mixtral``, ``qwen3_moe``, ``qwen2_moe`` (Qwen1.5-MoE, Qwen2-MoE), ``deepseek``
   (DeepSeek-MoE) and ``switch_transformers`` → arch ``moe``. The fine-grained ones have experts of
   ``moe_intermediate_size``; Qwen2-MoE's and DeepSeek-MoE's shared experts, DeepSeek-MoE's leading dense layers
@@ -44,6 +46,11 @@ _MODEL_TYPES: dict[str, tuple[str, str]] = {
     "qwen2": ("llama", "llama"),
     "qwen3": ("llama", "llama"),
     "gemma": ("llama", "gemma"),
+    # Gemma 2 and 3: Gemma's layers with sliding-window attention in some of them (Gemma 3's multimodal config
+    # nests its language model as text_config)
+    "gemma2": ("llama", "gemma"),
+    "gemma3_text": ("llama", "gemma"),
+    "gemma3": ("llama", "gemma"),
     "mixtral": ("moe", "mixtral"),
     "qwen3_moe": ("moe", "qwen3_moe"),
     "qwen2_moe": ("moe", "qwen2_moe"),
@@ -63,6 +70,7 @@ _ARCHITECTURE_PREFIXES: tuple[tuple[str, str], ...] = (
     ("Roberta", "roberta"), ("Llama4ForCausalLM", "llama4_text"), ("Llama4", "llama4"),
     ("Llama", "llama"), ("Mistral", "mistral"), ("Qwen2Moe", "qwen2_moe"),
     ("Qwen2", "qwen2"), ("Qwen3Moe", "qwen3_moe"), ("Qwen3", "qwen3"), ("GemmaFor", "gemma"),
+    ("Gemma2For", "gemma2"), ("Gemma3ForCausalLM", "gemma3_text"), ("Gemma3For", "gemma3"),
     ("Mixtral", "mixtral"), ("SwitchTransformers", "switch_transformers"),
     ("DeepseekV2", "deepseek_v2"), ("DeepseekV3", "deepseek_v3"), ("DeepseekFor", "deepseek"),
 )
@@ -197,15 +205,15 @@ def hf_config_to_arch(config: dict, seq_length: Optional[int], prefix: str) -> d
         return _generic(config, seq_length, prefix)
     arch, family = _MODEL_TYPES[mt]
     name = str(config.get("_name_or_path") or config.get("name_or_path") or f"hf-{mt}")
-    if mt == "llama4":
+    if mt in ("llama4", "gemma3"):
         # the multimodal config: its language model is text_config (the vision encoder is not modelled); an
         # error names the key where it is, under text_config
         text = config.get("text_config")
         if not isinstance(text, dict):
-            raise SpecError(f"{prefix}.hf_config.text_config", "a llama4 config holds its language model in "
+            raise SpecError(f"{prefix}.hf_config.text_config", f"a {mt} config holds its language model in "
                                                                "text_config, a JSON object; it is missing")
         try:
-            return hf_config_to_arch({**text, "model_type": "llama4_text", "_name_or_path": name}, seq_length,
+            return hf_config_to_arch({**text, "model_type": f"{mt}_text", "_name_or_path": name}, seq_length,
                                      prefix)
         except SpecError as exc:
             top = f"{prefix}.hf_config."
@@ -278,6 +286,16 @@ def hf_config_to_arch(config: dict, seq_length: Optional[int], prefix: str) -> d
         out["position_embedding"] = "rope"
         # Gemma ties its LM head to the embedding
         out["tie_embeddings"] = _flag(config, prefix, "tie_word_embeddings", family == "gemma")
+        if mt in ("gemma2", "gemma3_text"):
+            # Gemma 2 alternates local and global attention, Gemma 3 has five local layers to a global one: a
+            # local layer attends to the last sliding_window tokens only, which the run format's attention
+            # (every earlier key of the sequence) describes up to that length
+            window = _get(config, prefix, "sliding_window", ("sliding_window",), required=False)
+            if window is not None and out["seq_length"] > window:
+                raise SpecError(f"{prefix}.hf_config.sliding_window",
+                                f"seq_length {out['seq_length']} exceeds sliding_window {window}: {mt}'s local "
+                                "attention layers see only the last sliding_window tokens, which the run format "
+                                f"does not model; give seq_length <= {window} next to hf_config")
         if family == "mixtral":
             out["num_experts"] = _get(config, prefix, "num_experts",
                                       ("num_local_experts", "num_experts"))

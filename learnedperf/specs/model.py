@@ -327,7 +327,7 @@ class ModelSpec(Spec):
     def from_hf_config(cls, config: dict, seq_length: Optional[int] = None, prefix: str = "model") -> "ModelSpec":
         """Build a spec from a HuggingFace ``config.json`` dict.
 
-        Supports GPT-2, GPT-J/NeoX, OPT, BERT/RoBERTa, Llama/Mistral/Qwen2/Qwen3/Gemma, and Mixtral,
+        Supports GPT-2, GPT-J/NeoX, OPT, BERT/RoBERTa, Llama/Mistral/Qwen2/Qwen3/Gemma 1-3, and Mixtral,
         Qwen3-MoE, Qwen1.5/2-MoE, DeepSeek-MoE (shared experts, leading dense layers), DeepSeek-V2/V3
         (latent attention), Llama 4 (its text model) and Switch-style MoE configs. ``seq_length`` defaults to
         the config's maximum position count.
