@@ -495,15 +495,14 @@ def _check_constraints(model: Any, hw: Any, constraints: Optional[dict]) -> dict
                 "virtual_pipeline_stages", "recompute", "zero_stage", "sequence_parallel", "precision",
                 "dp_replicate"}
     # the dispatch keys are searched when the constraints list more than their default
-    searched |= {k for k, key in (("moe_dispatcher", "moe_dispatchers"), ("overlap_moe_comm", "overlap_moe_comm"))
-                 if c[key] != SEARCH_CONSTRAINTS[key][0]}
+    varied = [key for key in _EP_CHOICES.values() if c[key] != SEARCH_CONSTRAINTS[key][0]]
+    searched |= {k for k, key in _EP_CHOICES.items() if key in varied}
     if not isinstance(fixed, dict) or searched & set(fixed):
         raise InputError(f"constraints.fixed: must be an object of strategy fields the search does not vary "
                          f"(not {sorted(searched & set(fixed)) if isinstance(fixed, dict) else fixed!r})")
     if not model.is_moe:
         # a dense model has no expert-parallel candidate to take them: say so rather than drop them
-        asked = [f"fixed.{k}" for k in _EP_KEYS if k in fixed] + [
-            k for k in ("moe_dispatchers", "overlap_moe_comm") if c[k] != SEARCH_CONSTRAINTS[k][0]]
+        asked = [f"fixed.{k}" for k in _EP_CHOICES if k in fixed] + varied
         if asked:
             raise InputError(f"constraints.{asked[0]}: expert dispatch needs a mixture-of-experts model; "
                              f"{model.name} has no experts")
@@ -530,8 +529,15 @@ def enumerate_strategies(model: Any, hw: Any, constraints: Optional[dict] = None
     Raises:
         InputError: a bad constraint, or more than ``max_candidates`` candidates.
     """
+    from .specs.strategy import EXPERT_DISPATCH_DEFAULTS
+
     c = _check_constraints(model, hw, constraints)
     n, gbs = hw.num_devices, c["global_batch_size"]
+    # expert dispatch moves tokens between expert-parallel ranks: an ep 1 candidate takes none of it; an ep > 1
+    # one each of the dispatch choices (a key left out where it is at its default)
+    fixed_ep1 = {k: v for k, v in c["fixed"].items() if k not in _EP_CHOICES}
+    dispatch_ep = [{k: v for k, v in zip(_EP_CHOICES, choice) if v != EXPERT_DISPATCH_DEFAULTS[k]}
+                   for choice in product(*(c[key] for key in _EP_CHOICES.values()))]
     divisors = [d for d in range(1, n + 1) if n % d == 0]
     tps = c["tp"] or [t for t in divisors if t & (t - 1) == 0 and model.num_attention_heads % t == 0]
     tps = [t for t in tps if t <= c["max_tp"]]
@@ -563,12 +569,7 @@ def enumerate_strategies(model: Any, hw: Any, constraints: Optional[dict] = None
                     for ep in eps:
                         sharding = [(z, r) for z in zeros for r in _replica_choices(z, tp, dp, cp, ep, hw.node_size,
                                                                                     c["hybrid_sharding"])]
-                        # expert dispatch moves tokens between expert-parallel ranks: none to move with ep 1
-                        fixed = c["fixed"] if ep > 1 else {k: v for k, v in c["fixed"].items() if k not in _EP_KEYS}
-                        # its choices (a key left out where the default is chosen), one for ep 1
-                        dispatch = [{**({"moe_dispatcher": d} if d != "alltoall" else {}),
-                                     **({"overlap_moe_comm": True} if o else {})}
-                                    for d in c["moe_dispatchers"] for o in c["overlap_moe_comm"]] if ep > 1 else [{}]
+                        fixed, dispatch = (c["fixed"], dispatch_ep) if ep > 1 else (fixed_ep1, [{}])
                         for sched, v in pipes:
                             for rc in c["recompute"]:
                                 for z, r in sharding:
@@ -586,8 +587,9 @@ def enumerate_strategies(model: Any, hw: Any, constraints: Optional[dict] = None
     return c, out
 
 
-#: Strategy fields that only a candidate with expert parallelism takes from ``constraints.fixed``.
-_EP_KEYS = ("moe_dispatcher", "overlap_moe_comm")
+#: The expert-dispatch strategy fields (only a candidate with expert parallelism takes them) and the constraint
+#: listing each one's choices, in the order the candidates combine them.
+_EP_CHOICES = {"moe_dispatcher": "moe_dispatchers", "overlap_moe_comm": "overlap_moe_comm"}
 
 
 def _replica_choices(zero: int, tp: int, dp: int, cp: int, ep: int, node_size: int, hybrid: list) -> list[int]:

@@ -40,6 +40,12 @@ class Shard:
         return max(2, dtype_bytes(self.dtype)) if self.dtype == "fp8" else dtype_bytes(self.dtype)
 
     @property
+    def unquantised_dtype(self) -> str:
+        """Dtype of the GEMMs an fp8 recipe leaves in bf16 (attention's products, the MoE router, the LM head:
+        Transformer Engine's fp8 covers its Linear modules only), else the run's."""
+        return "bf16" if self.dtype == "fp8" else self.dtype
+
+    @property
     def e_res(self) -> int:
         """Bytes per element of the residual stream and of norm inputs and outputs: fp32 under autocast
         (norms run in fp32 and a bf16 branch added to an fp32 residual promotes to fp32), else ``e``."""
@@ -129,8 +135,8 @@ def layer_forward(model: ModelSpec, sh: Shard, moe: bool = False, prefix: str = 
     h, hd, t, e, dt = model.hidden_size, model.head_dim, sh.tp, sh.e, sh.dtype
     er, rdt = sh.e_res, sh.res_dtype  # residual stream and norms (fp32 under autocast)
     # an fp8 recipe runs the layers' linear layers in fp8, attention's products and the router in bf16
-    # (Transformer Engine's fp8 covers its Linear modules; Megatron-Core's router is a plain linear)
-    hdt = "bf16" if dt == "fp8" else dt
+    # (Megatron-Core's router is a plain linear)
+    hdt = sh.unquantised_dtype
     a_local = model.num_attention_heads // t
     kv_local = max(1, model.num_kv_heads // t)
     T = sh.tokens
@@ -339,7 +345,7 @@ def head_forward(model: ModelSpec, sh: Shard) -> list[Op]:
     h, e, T, t = model.hidden_size, sh.e, sh.tokens, sh.tp
     # the output layer stays bf16 in fp8 recipes (Megatron-Core's output_layer is no Transformer Engine
     # module; torchtitan's float8 conversion skips "output")
-    dt = "bf16" if sh.dtype == "fp8" else sh.dtype
+    dt = sh.unquantised_dtype
     v_local = -(-model.vocab_size // t)
     T_norm = T // t if sh.sp else T
     ops = [elementwise(f"head.{model.norm}", model.norm, "fwd", T_norm * h, 1, 1, sh.e_res, sh.res_dtype, 5.0, h)]

@@ -828,11 +828,8 @@ def megatron_flops(model: Any, global_batch_size: int, recompute_counted: bool) 
     """
     h, s, l = model.hidden_size, model.seq_length, model.num_layers
     a = model.num_attention_heads
-    mats = 3 if model.activation == "swiglu" else 2
     # a MoE layer runs top-k experts and the shared ones; its dense layers have their own width
-    moe_layers = model.num_moe_layers
-    mlp = 2 * mats * h * ((l - moe_layers) * model.dense_ffn_hidden_size
-                          + moe_layers * (model.ffn_hidden_size * model.moe_top_k + model.moe_shared_ffn_hidden_size))
+    mlp = 2 * model.mlp_matrices * h * model.ffn_width_sum
     # the projections' weights twice; scores and context over each head's key and value widths (the paper's
     # 4·s·h with head_dim = v_head_dim = h / heads)
     layers_fwd = l * (2 * model.attention_params + 2 * s * a * (model.head_dim + model.v_head_dim)) + mlp

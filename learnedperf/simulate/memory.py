@@ -72,11 +72,9 @@ def layer_activation_bytes(run) -> float:
     k_hd, v_hd, o_hd = m.num_kv_heads * m.head_dim, m.num_kv_heads * m.v_head_dim, m.value_width
     a = m.num_attention_heads
     dropout = m.arch in ("gpt", "bert")
-    # FFN width a token passes through: top-k experts plus the shared ones in a MoE layer, the dense width
-    # elsewhere, averaged over the model's layers (the stages' mix of the two is not told apart)
-    n_moe = m.num_moe_layers
-    f = ((n_moe * (m.ffn_hidden_size * m.moe_top_k + m.moe_shared_ffn_hidden_size)
-          + (m.num_layers - n_moe) * m.dense_ffn_hidden_size) / m.num_layers)
+    # FFN width a token passes through, averaged over the model's layers (the stages' mix of MoE and dense
+    # layers is not told apart)
+    f = m.ffn_width_sum / m.num_layers
     if s.recompute == "full":
         return T * h * er / (t if sp else 1)
     # tensors replicated across TP ranks unless sequence parallel: norm inputs, QKV and FC1 inputs, masks

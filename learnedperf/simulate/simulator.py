@@ -99,25 +99,22 @@ def _unit_cost(blocks, cost: CostModel, hide_alltoall: bool = False) -> tuple:
     """Compute seconds and aggregated collective load of a list of (ops, repeat) blocks:
     ``(comp, lat, intra, inter, a_lat, a_intra, a_inter, by_cat)``. The expert all-to-alls' latency and bytes
     are in ``a_*`` when ``hide_alltoall`` (they run beside computation), else with the blocking ones."""
-    comp = lat = intra = inter = a_lat = a_intra = a_inter = 0.0
+    comp = 0.0
+    blocking, hidden = [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]  # latency, intra bytes, inter bytes
     by_cat: dict[str, float] = {}
     for ops, rep in blocks:
         for op in ops:
-            if op.is_comm and hide_alltoall and op.kind == "alltoall":
+            if op.is_comm:
                 c = cost.comm_cost(op)
-                a_lat += c.latency_s * rep
-                a_intra += c.intra_bytes * rep
-                a_inter += c.inter_bytes * rep
-            elif op.is_comm:
-                c = cost.comm_cost(op)
-                lat += c.latency_s * rep
-                intra += c.intra_bytes * rep
-                inter += c.inter_bytes * rep
+                load = hidden if hide_alltoall and op.kind == "alltoall" else blocking
+                load[0] += c.latency_s * rep
+                load[1] += c.intra_bytes * rep
+                load[2] += c.inter_bytes * rep
             else:
                 t = cost.compute_time_s(op) * rep
                 comp += t
                 by_cat[op.phase] = by_cat.get(op.phase, 0.0) + t
-    return comp, lat, intra, inter, a_lat, a_intra, a_inter, by_cat
+    return (comp, *blocking, *hidden, by_cat)
 
 
 def _layer_units(blocks, cost: CostModel, first_end: bool, last_end: bool, max_units: int,

@@ -85,5 +85,15 @@ class Spec(BaseModel):
             raise spec_error_from(exc, prefix) from None
 
     def to_dict(self) -> dict:
-        """JSON-compatible dict; ``parse(to_dict())`` gives an equal spec."""
-        return self.model_dump(mode="json", exclude_none=True)
+        """JSON-compatible dict; ``parse(to_dict())`` gives an equal spec. Keys at their
+        :meth:`omitted_defaults` are left out."""
+        out = self.model_dump(mode="json", exclude_none=True)
+        for key, default in self.omitted_defaults().items():
+            if out.get(key) == default:
+                del out[key]
+        return out
+
+    def omitted_defaults(self) -> dict:
+        """Optional keys that :meth:`to_dict` writes only where they differ from these defaults, so that a
+        spec written before they existed serialises (and hashes) as it did; none here."""
+        return {}

@@ -290,12 +290,8 @@ def hf_config_to_arch(config: dict, seq_length: Optional[int], prefix: str) -> d
             # Gemma 2 alternates local and global attention, Gemma 3 has five local layers to a global one: a
             # local layer attends to the last sliding_window tokens only, which the run format's attention
             # (every earlier key of the sequence) describes up to that length
-            window = _get(config, prefix, "sliding_window", ("sliding_window",), required=False)
-            if window is not None and out["seq_length"] > window:
-                raise SpecError(f"{prefix}.hf_config.sliding_window",
-                                f"seq_length {out['seq_length']} exceeds sliding_window {window}: {mt}'s local "
-                                "attention layers see only the last sliding_window tokens, which the run format "
-                                f"does not model; give seq_length <= {window} next to hf_config")
+            _refuse_beyond_local_attention(config, prefix, "sliding_window", out["seq_length"],
+                                           f"{mt}'s local attention layers see only the last sliding_window tokens")
         if family == "mixtral":
             out["num_experts"] = _get(config, prefix, "num_experts",
                                       ("num_local_experts", "num_experts"))
@@ -307,6 +303,17 @@ def hf_config_to_arch(config: dict, seq_length: Optional[int], prefix: str) -> d
     out.setdefault("moe_top_k", 1)
     out.setdefault("moe_layer_frequency", 1)
     return out
+
+
+def _refuse_beyond_local_attention(config: dict, prefix: str, key: str, seq_length: int, what: str) -> None:
+    """Raise a SpecError naming ``key`` when ``seq_length`` exceeds the config's local-attention span ``key``
+    (a sliding window, a chunk): up to it such layers attend as the run format's attention does, beyond it
+    they do not (``what`` says how)."""
+    span = _get(config, prefix, key, (key,), required=False)
+    if span is not None and seq_length > span:
+        raise SpecError(f"{prefix}.hf_config.{key}",
+                        f"seq_length {seq_length} exceeds {key} {span}: {what}, which the run format does not "
+                        f"model; give seq_length <= {span} next to hf_config")
 
 
 def _llama4_moe(config: dict, prefix: str, seq_length: int) -> dict:
@@ -329,12 +336,8 @@ def _llama4_moe(config: dict, prefix: str, seq_length: int) -> dict:
         raise SpecError(f"{prefix}.hf_config.moe_layers",
                         f"MoE layers at {listed!r} are not every interleave_moe_layer_step={step}-th layer, the "
                         "only placement of dense layers between MoE layers the run format has")
-    chunk = _get(config, prefix, "attention_chunk_size", ("attention_chunk_size",), required=False)
-    if chunk is not None and seq_length > chunk:
-        raise SpecError(f"{prefix}.hf_config.attention_chunk_size",
-                        f"seq_length {seq_length} exceeds attention_chunk_size {chunk}: Llama 4's chunked "
-                        "attention layers attend within chunks, which the run format does not model; give "
-                        f"seq_length <= {chunk} next to hf_config")
+    _refuse_beyond_local_attention(config, prefix, "attention_chunk_size", seq_length,
+                                   "Llama 4's chunked attention layers attend within chunks")
     out = {"ffn_hidden_size": ffn,
            "num_experts": _get(config, prefix, "num_experts", ("num_local_experts",)),
            "moe_top_k": _get(config, prefix, "moe_top_k", ("num_experts_per_tok",)),

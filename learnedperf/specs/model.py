@@ -30,6 +30,13 @@ _ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
+#: Keys only latent attention may set apart from their defaults (``kv_lora_rank`` > 0 switches it on), and
+#: keys only a mixture of experts may set (:meth:`ModelSpec.omitted_defaults`), in the order errors name them.
+_MLA_KEYS = ("q_lora_rank", "qk_rope_head_dim", "v_head_dim")
+_MOE_LAYOUT_KEYS = ("moe_first_dense_layers", "moe_shared_ffn_hidden_size", "moe_router_num_groups",
+                    "moe_router_group_topk", "dense_ffn_hidden_size")
+
+
 def _llama_ffn(hidden: int, multiple_of: int = 256) -> int:
     # Llama's rule (Touvron et al. 2023, model.py): 2/3 of 4h, rounded up to a multiple of 256.
     ffn = int(2 * 4 * hidden / 3)
@@ -124,6 +131,7 @@ class ModelSpec(Spec):
         if self.moe_top_k > self.num_experts:
             raise FieldValueError("moe_top_k",
                                   f"moe_top_k={self.moe_top_k} exceeds num_experts={self.num_experts}")
+        defaults = self.omitted_defaults()
         if self.kv_lora_rank:
             if self.num_kv_heads != self.num_attention_heads:
                 raise FieldValueError("num_kv_heads", f"latent attention (kv_lora_rank={self.kv_lora_rank}) "
@@ -133,20 +141,14 @@ class ModelSpec(Spec):
                 raise FieldValueError("qk_rope_head_dim", f"qk_rope_head_dim={self.qk_rope_head_dim} must be "
                                       f"below head_dim={self.head_dim} (the rotary part of a query/key head)")
         else:
-            for key, value, default in (("q_lora_rank", self.q_lora_rank, 0),
-                                        ("qk_rope_head_dim", self.qk_rope_head_dim, 0),
-                                        ("v_head_dim", self.v_head_dim, self.head_dim)):
-                if value != default:
-                    raise FieldValueError(key, f"{key}={value} needs latent attention (kv_lora_rank > 0)")
+            for key in _MLA_KEYS:
+                if getattr(self, key) != defaults[key]:
+                    raise FieldValueError(key, f"{key}={getattr(self, key)} needs latent attention (kv_lora_rank > 0)")
         groups, group_topk = self.moe_router_num_groups, self.moe_router_group_topk
         if self.arch != "moe":
-            for key, value, default in (("moe_first_dense_layers", self.moe_first_dense_layers, 0),
-                                        ("moe_shared_ffn_hidden_size", self.moe_shared_ffn_hidden_size, 0),
-                                        ("moe_router_num_groups", groups, 1),
-                                        ("moe_router_group_topk", group_topk, groups),
-                                        ("dense_ffn_hidden_size", self.dense_ffn_hidden_size, self.ffn_hidden_size)):
-                if value != default:
-                    raise FieldValueError(key, f"{key}={value} needs arch 'moe'")
+            for key in _MOE_LAYOUT_KEYS:
+                if getattr(self, key) != defaults[key]:
+                    raise FieldValueError(key, f"{key}={getattr(self, key)} needs arch 'moe'")
         elif self.num_moe_layers < 1:
             raise FieldValueError("moe_first_dense_layers",
                                   f"no MoE layer left: {self.moe_first_dense_layers} leading dense layers, then "
@@ -162,19 +164,15 @@ class ModelSpec(Spec):
                                                            f"experts cannot hold a token's moe_top_k={self.moe_top_k}")
         return self
 
-    def to_dict(self) -> dict:
-        """JSON-compatible dict; ``head_dim`` only where it is not ``hidden_size / heads``, and the MoE layout,
-        routing and latent-attention keys only where they differ from their defaults, so that a run written before
-        these fields existed serialises (and hashes) as it did."""
-        out = super().to_dict()
-        for key, default in (("head_dim", self.hidden_size // self.num_attention_heads),
-                             ("moe_first_dense_layers", 0), ("moe_shared_ffn_hidden_size", 0),
-                             ("dense_ffn_hidden_size", self.ffn_hidden_size), ("kv_lora_rank", 0),
-                             ("q_lora_rank", 0), ("qk_rope_head_dim", 0), ("v_head_dim", self.head_dim),
-                             ("moe_router_num_groups", 1), ("moe_router_group_topk", self.moe_router_num_groups)):
-            if out.get(key) == default:
-                del out[key]
-        return out
+    def omitted_defaults(self) -> dict:
+        """The value each optional key takes when a model leaves it out: ``head_dim`` = hidden_size / heads,
+        the latent-attention keys (:data:`_MLA_KEYS`, ``kv_lora_rank``) and the MoE layout and routing keys
+        (:data:`_MOE_LAYOUT_KEYS`) their ordinary-model values; :meth:`to_dict` writes each only where it
+        differs, and the validation refuses a set one where the model has no latent attention or experts."""
+        return {"head_dim": self.hidden_size // self.num_attention_heads, "kv_lora_rank": 0, "q_lora_rank": 0,
+                "qk_rope_head_dim": 0, "v_head_dim": self.head_dim, "moe_first_dense_layers": 0,
+                "moe_shared_ffn_hidden_size": 0, "moe_router_num_groups": 1,
+                "moe_router_group_topk": self.moe_router_num_groups, "dense_ffn_hidden_size": self.ffn_hidden_size}
 
     # ------------------------------------------------------------------ derived
     @property
@@ -280,6 +278,14 @@ class ModelSpec(Spec):
     def mlp_params(self) -> int:
         """Parameters of one MLP (one expert of a MoE layer), without biases."""
         return self.mlp_matrices * self.hidden_size * self.ffn_hidden_size
+
+    @property
+    def ffn_width_sum(self) -> int:
+        """The FFN width one token passes through, summed over the layers: top-k experts plus the shared ones
+        in each MoE layer, ``dense_ffn_hidden_size`` in each dense one."""
+        n_moe = self.num_moe_layers
+        return (n_moe * (self.ffn_hidden_size * self.moe_top_k + self.moe_shared_ffn_hidden_size)
+                + (self.num_layers - n_moe) * self.dense_ffn_hidden_size)
 
     @property
     def shared_mlp_params(self) -> int:

@@ -11,7 +11,7 @@ from ..errors import SpecError
 from ._base import Spec, key_text
 from .hardware import HardwareSpec, resolve_hardware
 from .model import ModelSpec, resolve_model
-from .strategy import Strategy
+from .strategy import EXPERT_DISPATCH_DEFAULTS, Strategy
 
 _TOP_LEVEL = {"model", "hardware", "strategy", "id", "run_id", "name", "meta"}
 
@@ -197,8 +197,8 @@ def _complete_strategy(model: ModelSpec, hw: HardwareSpec, s: Strategy) -> Strat
         if (dp * s.cp) % s.ep:
             raise SpecError("strategy.ep", f"ep={s.ep} must divide dp·cp={dp * s.cp}")
     else:
-        for key, value, default in (("moe_dispatcher", s.moe_dispatcher, "alltoall"),
-                                    ("overlap_moe_comm", s.overlap_moe_comm, False)):
+        for key, default in EXPERT_DISPATCH_DEFAULTS.items():
+            value = getattr(s, key)
             if value != default:
                 raise SpecError(f"strategy.{key}", f"{key}={value!r} moves tokens between expert-parallel ranks: "
                                                    "it needs ep > 1")

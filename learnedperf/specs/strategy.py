@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Literal, Optional
 
 from pydantic import Field, model_validator
@@ -9,6 +10,10 @@ from pydantic import Field, model_validator
 from ._base import FieldValueError, Spec
 
 Precision = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
+
+#: The expert-dispatch keys and their defaults (Megatron-Core's alltoall dispatcher, blocking): a run that
+#: departs from them needs expert parallelism.
+EXPERT_DISPATCH_DEFAULTS = MappingProxyType({"moe_dispatcher": "alltoall", "overlap_moe_comm": False})
 
 #: Largest parallel size or micro-batch accepted: no run has more devices (``hardware.MAX_DEVICES``), and
 #: a bound turns absurd input into an error naming the field instead of a prediction.
@@ -114,14 +119,9 @@ class Strategy(Spec):
                                   "virtual_pipeline_stages > 1 needs pipeline_schedule 'interleaved'")
         return self
 
-    def to_dict(self) -> dict:
-        """JSON-compatible dict; the expert-dispatch keys only where they differ from their defaults, so that
-        a run written before these fields existed serialises (and hashes) as it did."""
-        out = super().to_dict()
-        for key, default in (("moe_dispatcher", "alltoall"), ("overlap_moe_comm", False)):
-            if out.get(key) == default:
-                del out[key]
-        return out
+    def omitted_defaults(self) -> dict:
+        """The expert-dispatch keys at their defaults (:data:`EXPERT_DISPATCH_DEFAULTS`)."""
+        return EXPERT_DISPATCH_DEFAULTS
 
     @property
     def effective_zero_stage(self) -> int:
