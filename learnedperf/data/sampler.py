@@ -21,7 +21,7 @@ What is covered, and how:
   bandwidths drawn where the catalog has none;
 * **cluster size** — ``2^k`` devices with ``k`` uniform in 0..14 (1 to 16,384),
   some ``3·2^k`` (as the 3,072-GPU SC21 runs);
-* **strategy** — tp, pp (gpipe / 1f1b / interleaved), dp, cp, ep (MoE; with DeepEP's dispatch or
+* **strategy** — tp, pp (gpipe / 1f1b / interleaved / zero bubble H1), dp, cp, ep (MoE; with DeepEP's dispatch or
   all-to-alls overlapped, a third of the time each), ZeRO 0-3,
   FSDP, hybrid sharding (a third of the sharded runs whose data-parallel group leaves a node: mostly
   one copy of the states per node, as FSDP's HYBRID_SHARD, else any valid copy count), recompute
@@ -59,7 +59,7 @@ from typing import Any, Iterator
 
 from ..errors import InputError, LearnedPerfError, SpecError
 
-SAMPLER_VERSION = "6"
+SAMPLER_VERSION = "7"
 """Version of the sampling distribution; a change gives other runs for the same seed."""
 
 FAMILIES = ("gpt", "llama", "bert", "moe")
@@ -96,6 +96,9 @@ _FORWARD_ONLY_SHARE = 0.08
 #: choices so that both appear in training, not measured shares
 _DEEPEP_SHARE = 0.3
 _OVERLAP_MOE_SHARE = 0.3
+#: share of 1F1B pipelines (without layer-by-layer gathers) drawn as zero bubble H1 instead: a sampling choice
+#: so that the split backward appears in training, not a measured share
+_ZB_H1_SHARE = 0.3
 _BYTES_PER_PARAM = 18.0  # bf16 weights 2 + fp32 grads 4 + fp32 master 4 + two Adam moments 8 (ZeRO paper §3.1)
 
 
@@ -359,7 +362,14 @@ def _draw_strategy(rng: random.Random, spec_model: Any, device: dict, num_device
         s["optimizer"] = "sgd"
     if rng.random() < _FORWARD_ONLY_SHARE:
         _forward_only(s)
+    elif s.get("pipeline_schedule") == "1f1b" and not _per_layer_sharding(s) and rng.random() < _ZB_H1_SHARE:
+        s["pipeline_schedule"] = "zb-h1"  # (not modelled with layer-by-layer gathers; no backward to split)
     return s
+
+
+def _per_layer_sharding(s: dict) -> bool:
+    """Whether strategy ``s`` gathers its parameters layer by layer (ZeRO-3 or FSDP)."""
+    return bool(s.get("fsdp")) or s.get("zero_stage", 0) == 3
 
 
 def _forward_only(s: dict) -> None:
@@ -395,6 +405,8 @@ def _memory_relief(rng: random.Random, s: dict) -> dict:
         s["zero_stage"] = rng.choice((zero + 1, top)) if zero < top - 1 else top
         if s["zero_stage"] == 3:
             s.pop("overlap_grad_reduce", None)  # see _draw_strategy
+            if s.get("pipeline_schedule") == "zb-h1":
+                s["pipeline_schedule"] = "1f1b"  # see _draw_strategy
     elif s.get("recompute") != "full":
         s["recompute"] = "full"
     else:

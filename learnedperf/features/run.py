@@ -9,7 +9,8 @@ second, so it never compiles or simulates: it sees a run through
   forward, backward and recomputation ops on the run's shard, timed by the roofline cost
   model (:class:`~learnedperf.cost.RooflineCost`, its blocking tensor/context/expert-parallel
   collectives included), times the layers of a stage and the micro-batches, stretched by
-  the pipeline bubble ``(p-1)/(v·m)`` (Narayanan et al., SC21, §2.2); plus pipeline
+  the pipeline bubble ``(p-1)/(v·m)`` (Narayanan et al., SC21, §2.2; zero bubble H1 scales it by
+  ``(F+B-W)/(F+B+W)``, Qi et al., ICLR 2024); plus pipeline
   transfers, the part of the gradient reduction and ZeRO traffic (the simulator's
   collectives, timed on the same cost model) that the last backward does not hide, and
   the optimizer step. It is the
@@ -28,19 +29,19 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ..graph.execution import (chunk_layout, fsdp_copy_ops, group_placement, recompute_ops, sharded_params,
-                               sharding_groups, stage_loads, state_bytes_per_param)
+from ..graph.execution import (chunk_layout, fsdp_copy_ops, group_placement, is_weight_gradient, recompute_ops,
+                               sharded_params, sharding_groups, stage_loads, state_bytes_per_param)
 from ..graph.ops import comm
 from ..graph.transformer import (backward_of, embedding_backward, embedding_forward, head_forward, layer_forward,
                                  operator_graph, optimizer_ops, shard_for)
 from ..simulate.simulator import kernels_beside_alltoalls_s
 from .ops import FeatureSchema
 
-RUN_FEATURE_SCHEMA_VERSION = 6
+RUN_FEATURE_SCHEMA_VERSION = 7
 """Version of :data:`RUN_FEATURE_SCHEMA`; bumped on any change of names, order or meaning."""
 
 _ARCHS = ("gpt", "llama", "bert", "moe")
-_SCHEDULES = ("gpipe", "1f1b", "interleaved")
+_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
 _RECOMPUTE = ("none", "selective", "full")
 _PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
 _BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
@@ -216,8 +217,9 @@ def _costs(ctx: RunContext, ops: list) -> tuple[float, float, float, float]:
 
 def layer_cost(run: Any, ctx: RunContext) -> tuple[float, ...]:
     """Seconds of one micro-batch on the run's shard: ``(dense layer compute, its memory-bound
-    part, its collectives, MoE layer compute, its collectives, embedding, LM head)``, forward +
-    backward + recomputation (forward alone for a forward-only step), cached per distinct shard in ``ctx``.
+    part, its collectives, MoE layer compute, its collectives, embedding, LM head, dense layer weight
+    gradients, MoE layer weight gradients)``, forward + backward + recomputation (forward alone for a
+    forward-only step; the weight gradients are part of the compute), cached per distinct shard in ``ctx``.
 
     With ``overlap_moe_comm`` a MoE layer is costed as the simulator's units are: its kernels slowed by
     the SMs the all-to-alls hold while both run, and of the all-to-alls only what outlasts the kernels
@@ -233,28 +235,30 @@ def layer_cost(run: Any, ctx: RunContext) -> tuple[float, ...]:
     sh = shard_for(run, group_placement(s.tp, 1, dpn), group_placement(s.cp, s.tp, dpn),
                    group_placement(s.ep, s.tp, dpn))
 
-    def unit(fwd: list) -> tuple[float, float, float]:
-        parts = (fwd,) if s.forward_only else (fwd, backward_of(fwd), recompute_ops(fwd, s.recompute))
+    def unit(fwd: list) -> tuple[float, float, float, float]:
+        bwd = [] if s.forward_only else backward_of(fwd)
+        parts = (fwd,) if s.forward_only else (fwd, bwd, recompute_ops(fwd, s.recompute))
         c = [_costs(ctx, ops) for ops in parts]
         comp, mem, comm = sum(x[0] for x in c), sum(x[1] for x in c), sum(x[2] for x in c)
+        wgrad = sum(ctx.cost.compute_time_s(op) for op in bwd if is_weight_gradient(op))
         if s.overlap_moe_comm:
             a2a = sum(x[3] for x in c)
             slowed = kernels_beside_alltoalls_s(comp, a2a, run.hardware.device.num_sms)
             comm += max(0.0, a2a - slowed) - a2a
             comp = slowed
-        return comp, mem, comm
+        return comp, mem, comm, wgrad
 
     def backward(ops: list) -> list:
         return [] if s.forward_only else ops
 
     dense = unit(layer_forward(m, sh, False))
-    moe = unit(layer_forward(m, sh, True, "moe_layer")) if m.is_moe else (0.0, 0.0, 0.0)
+    moe = unit(layer_forward(m, sh, True, "moe_layer")) if m.is_moe else (0.0, 0.0, 0.0, 0.0)
     emb = _costs(ctx, embedding_forward(m, sh))[0] + _costs(ctx, backward(embedding_backward(m, sh, tied_here)))[0]
     f = head_forward(m, sh)
     head = _costs(ctx, f)[0] + _costs(ctx, backward(backward_of(f)))[0]
     if len(ctx.layer_costs) >= 4096:
         ctx.layer_costs.pop(next(iter(ctx.layer_costs)))
-    out = ctx.layer_costs[key] = (dense[0], dense[1], dense[2], moe[0], moe[2], emb, head)
+    out = ctx.layer_costs[key] = (dense[0], dense[1], dense[2], moe[0], moe[2], emb, head, dense[3], moe[3])
     return out
 
 
@@ -302,7 +306,7 @@ def analytic_time(run: Any, ctx: RunContext, loads: Optional[list] = None) -> An
     flops = ctx.flops_per_seq_of(s) * s.global_batch_size / n
     if s.recompute == "full":
         flops += ctx.flops_fwd_per_seq * s.global_batch_size / n
-    dense_c, dense_mem, dense_comm, moe_c, moe_comm, emb, head = layer_cost(run, ctx)
+    dense_c, dense_mem, dense_comm, moe_c, moe_comm, emb, head, dense_w, moe_w = layer_cost(run, ctx)
     moe_layers = ctx.num_moe_layers / pp
     dense_layers = m.num_layers / pp - moe_layers
     # the critical rank holds a stage's layers and the larger of embedding and head (both without a pipeline)
@@ -392,6 +396,12 @@ def analytic_time(run: Any, ctx: RunContext, loads: Optional[list] = None) -> An
     local = sharded_params(s, dense_p, expert_p, 1)  # the optimizer step runs on this rank's shard
     opt = sum(ctx.cost.compute_time_s(op) for op in optimizer_ops(local, s.optimizer, s.weight_precision))
     bubble = (pp - 1) / (v * mb) if pp > 1 else 0.0
+    if s.pipeline_schedule == "zb-h1" and pp > 1:
+        # zero bubble H1: the weight gradients W fill the bubble, (p-1)(F+B-W) against 1F1B's (p-1)(F+B+W)
+        # (Qi et al., ICLR 2024, Table 1)
+        layers = dense_layers * dense_c + moe_layers * moe_c
+        w = dense_layers * dense_w + moe_layers * moe_w
+        bubble *= max(0.0, layers - 2.0 * w) / layers if layers > 0 else 1.0
     return AnalyticTime(compute, layer_comm, flops / peak, memory_bound, pp_s, dp_s, opt, bubble, exposed)
 
 

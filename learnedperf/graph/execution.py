@@ -60,7 +60,7 @@ class Stage:
 
     index: int
     chunks: list[Chunk]
-    schedule: list[tuple[str, int, int]]  # ("F"|"B", chunk index, micro-batch)
+    schedule: list[tuple[str, int, int]]  # ("F"|"B"|"W", chunk index, micro-batch); "W" only in zero-bubble schedules
     optimizer: list[Op] = field(default_factory=list)
 
 
@@ -158,6 +158,49 @@ def schedule_interleaved(p: int, v: int, m: int, stage: int) -> list[tuple[str, 
         order.append(("B", *_interleaved_unit(p, v, bk, False)))
         bk += 1
     return order
+
+
+def schedule_zb_h1(p: int, m: int, stage: int) -> list[tuple[str, int, int]]:
+    """Zero bubble H1 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, section 3.1): 1F1B with the
+    backward split into the input gradient ``B``, on the critical path, and the weight gradient ``W``.
+
+    Stage ``i`` warms up and alternates forwards and ``B`` as 1F1B does; it runs each ``W`` after a ``B``,
+    but only from its ``i``-th backward on, and the ``i`` it deferred at the end, where 1F1B's later stages
+    sit idle. Every stage then holds ``p`` micro-batches between their forward and their ``W``, and at most
+    1F1B's ``p - i`` between their forward and their ``B``. With equal times for every stage the
+    iteration takes ``m(F+B+W) + (p-1)(F+B-W)`` when ``m >= p`` and ``W`` is no longer than ``F`` and ``B``,
+    against 1F1B's ``(m+p-1)(F+B+W)`` (the paper's Table 1).
+    """
+    warm = min(p - stage - 1, m)
+    order: list[tuple[str, int, int]] = [("F", 0, i) for i in range(warm)]
+    f, b, w = warm, 0, 0
+    while b < m:
+        if f < m:
+            order.append(("F", 0, f))
+            f += 1
+        order.append(("B", 0, b))
+        b += 1
+        if b > stage:  # this stage's first ``stage`` weight passes wait for the end
+            order.append(("W", 0, w))
+            w += 1
+    order.extend(("W", 0, k) for k in range(w, m))
+    return order
+
+
+def is_weight_gradient(op: Op) -> bool:
+    """True for a GEMM's weight-gradient pass (:func:`~learnedperf.graph.transformer.backward_of`'s
+    ``.wgrad``), which a zero-bubble schedule runs apart from the rest of the backward."""
+    return op.kind == "matmul" and op.name.endswith(".wgrad")
+
+
+def split_weight_gradients(blocks: list[Block]) -> tuple[list[Block], list[Block]]:
+    """A chunk's backward blocks as (input-gradient blocks, weight-gradient blocks), each block keeping its
+    repeat count: the ``B`` and ``W`` passes of a zero-bubble schedule."""
+    b_blocks, w_blocks = [], []
+    for ops, rep in blocks:
+        b_blocks.append(([op for op in ops if not is_weight_gradient(op)], rep))
+        w_blocks.append(([op for op in ops if is_weight_gradient(op)], rep))
+    return b_blocks, w_blocks
 
 
 def _spread(total: int, slots: list[int], centre: float) -> dict[int, int]:
@@ -414,6 +457,8 @@ def compile_run(run: RunSpec, num_microbatches: int | None = None) -> ExecutionG
             sched = schedule_gpipe(m)
         elif s.pipeline_schedule == "interleaved":
             sched = schedule_interleaved(pp, v, m, st)
+        elif s.pipeline_schedule == "zb-h1":
+            sched = schedule_zb_h1(pp, m, st)
         else:
             sched = schedule_1f1b(pp, m, st)
         # ZeRO shards the optimizer step as it shards the optimizer states

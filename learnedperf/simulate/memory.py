@@ -116,10 +116,18 @@ def memory_microbatches(run) -> int:
 
 
 def in_flight_microbatches(schedule: list[tuple[str, int, int]]) -> int:
-    """Largest number of forward units whose backward has not yet run, along a stage's schedule."""
+    """Largest number of forward units whose backward has not yet run, along a stage's schedule.
+
+    A zero-bubble schedule's ``B`` ends a unit's flight: its weight-gradient pass ``W`` keeps only the
+    GEMMs' saved inputs, which are not counted (stage ``i`` of ZB-H1 defers ``i`` of them, and the
+    paper's peak, ``p`` micro-batches' activations on the first stage, is 1F1B's).
+    """
     live = peak = 0
     for kind, _c, _mb in schedule:
-        live += 1 if kind == "F" else -1
+        if kind == "F":
+            live += 1
+        elif kind == "B":
+            live -= 1
         peak = max(peak, live)
     return peak
 
@@ -128,7 +136,7 @@ def peak_in_flight(run, stage: int) -> int:
     """Largest number of forward units in flight on pipeline ``stage`` of ``run`` (closed form).
 
     The same number as :func:`in_flight_microbatches` over the compiled schedule: 1F1B stage
-    ``i`` warms up with ``min(p-i-1, m)`` forwards and runs one more before its first
+    ``i`` (and ZB-H1's) warms up with ``min(p-i-1, m)`` forwards and runs one more before its first
     backward; interleaving warms up with ``(p-i-1)·2 + (v-1)·p`` chunk forwards (Megatron);
     GPipe holds every micro-batch; without a pipeline one micro-batch is in flight.
     """

@@ -218,4 +218,6 @@ def _complete_strategy(model: ModelSpec, hw: HardwareSpec, s: Strategy) -> Strat
         raise SpecError("strategy.precision", f"device {hw.device.name} has no {s.precision} math")
     if s.pipeline_schedule == "interleaved" and s.pp < 2:
         raise SpecError("strategy.pipeline_schedule", "interleaving needs pp >= 2")
+    if s.pipeline_schedule == "zb-h1" and s.pp < 2:
+        raise SpecError("strategy.pipeline_schedule", "a zero-bubble schedule needs pp >= 2")
     return s.model_copy(update={"dp": dp, "global_batch_size": gbs})

@@ -35,7 +35,13 @@ class Strategy(Spec):
     ep: int = Field(default=1, ge=1, le=_MAX, description="expert-parallel size (carved out of dp·cp)")
     micro_batch_size: int = Field(default=1, ge=1, le=_MAX)
     global_batch_size: Optional[int] = Field(default=None, ge=1, le=1 << 30)
-    pipeline_schedule: Literal["gpipe", "1f1b", "interleaved"] = "1f1b"
+    pipeline_schedule: Literal["gpipe", "1f1b", "interleaved", "zb-h1"] = Field(
+        default="1f1b",
+        description="order of the forward and backward passes on each pipeline rank: 'gpipe' (all forwards, "
+                    "then all backwards), '1f1b' (PipeDream-Flush), 'interleaved' (Megatron's, with "
+                    "virtual_pipeline_stages chunks per rank) or 'zb-h1' (zero bubble H1, Qi et al., ICLR 2024: "
+                    "the backward split into the input gradients, on the critical path, and the weight "
+                    "gradients, which fill the bubbles, with 1F1B's micro-batches in flight)")
     virtual_pipeline_stages: int = Field(default=1, ge=1, le=_MAX, description="model chunks per pipeline rank")
     zero_stage: Literal[0, 1, 2, 3] = 0
     fsdp: bool = Field(
@@ -117,6 +123,13 @@ class Strategy(Spec):
         if self.virtual_pipeline_stages > 1 and self.pipeline_schedule != "interleaved":
             raise FieldValueError("pipeline_schedule",
                                   "virtual_pipeline_stages > 1 needs pipeline_schedule 'interleaved'")
+        if self.pipeline_schedule == "zb-h1" and self.forward_only:
+            raise FieldValueError("pipeline_schedule", "'zb-h1' splits the backward pass; a forward-only step has "
+                                                       "none (use '1f1b')")
+        if self.pipeline_schedule == "zb-h1" and self.per_layer_sharding:
+            raise FieldValueError("pipeline_schedule", "'zb-h1' with parameters gathered layer by layer (zero_stage "
+                                                       "3 or fsdp) is not modelled: the weight-gradient passes would "
+                                                       "need their layers gathered again")
         return self
 
     def omitted_defaults(self) -> dict:
