@@ -124,7 +124,9 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
         m.add_argument(f"--{flag}", type=_positive_int, metavar="N", help=f"{what}-parallel size")
     m.add_argument("--micro-batch-size", type=_positive_int, metavar="N")
     m.add_argument("--global-batch-size", type=_positive_int, metavar="N")
-    m.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved"), help="pipeline schedule")
+    m.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved", "zb-h1"),
+                   help="pipeline schedule (zb-h1: zero bubble H1, the backward split into input and weight "
+                        "gradients, pp >= 2)")
     m.add_argument("--virtual-stages", type=_positive_int, metavar="N",
                    help="model chunks per pipeline rank (interleaved schedule)")
     m.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage")
@@ -985,7 +987,14 @@ def _cmd_search(args: argparse.Namespace) -> int:
           f"strategies, {result['valid']:,} valid, {result['fit_in_memory']:,} fit in memory; best "
           f"{result['rescored']} re-scored with the full model ({result['elapsed_ms'] / 1e3:.1f} s)")
     if not result["results"]:
-        print("no strategy fits in memory under these constraints")
+        if not result["valid"]:
+            # every candidate was refused by the run validation: say by which fields, and the commonest's reason
+            counts = sorted(result["invalid_by_field"].items(), key=lambda kv: -kv[1])
+            why = "; ".join(f"{n:,} by {field}" for field, n in counts)
+            example = f"; e.g. {result['invalid_example'][counts[0][0]]}" if counts else ""
+            print("no valid strategy under these constraints" + (f" (invalid: {why}{example})" if why else ""))
+        else:
+            print("no strategy fits in memory under these constraints")
         return 1
     head = ("#", "tp", "pp", "dp", "cp", "ep", "mbs", "schedule", "recompute", "zero", "sp", "time ms",
             "90% interval ms", "mem GiB", "MFU", "P(fastest)")

@@ -185,6 +185,10 @@ class Predictor:
         ``experiments/search_regret.py`` (vTrain groups: stated 0.71 on average for the full
         tier's pick, which was the measured fastest in 0.67 of the groups).
 
+        Candidates the run validation refuses (e.g. ``zb-h1`` with a fixed ``fsdp``) are counted in
+        ``invalid_by_field`` by the field their error names, with the first such error of each field in
+        ``invalid_example``; a space with no valid candidate gives ``valid`` 0 and no results.
+
         Raises:
             InputError / SpecError: bad model, hardware or constraint (the message names it).
         """
@@ -204,12 +208,15 @@ class Predictor:
         runs = [{"model": model, "hardware": hardware, "strategy": s} for s in cands]
         fast = self.predict_many(runs, tier="fast", errors="return")
         valid = [(s, p) for s, p in zip(cands, fast) if "error" not in p]
-        # why candidates were invalid, by the field each error names (nothing is dropped unsaid)
+        # why candidates were invalid, by the field each error names, with the first message of each field
+        # (nothing is dropped unsaid)
         invalid: dict[str, int] = {}
+        invalid_example: dict[str, str] = {}
         for p in fast:
             if "error" in p:
                 field = p["error"].split(":", 1)[0]
                 invalid[field] = invalid.get(field, 0) + 1
+                invalid_example.setdefault(field, p["error"])
         fits = [(s, p) for s, p in valid if p["peak_memory_GiB"] <= hw_spec.device.memory_GiB - headroom]
         fits.sort(key=lambda sp: sp[1]["iteration_time_ms"])
         shortlist = fits[:rescore]
@@ -228,7 +235,8 @@ class Predictor:
                             "prediction": p})
         return {"model": model_spec.name, "device": hw_spec.device.name, "num_devices": hw_spec.num_devices,
                 "constraints": cons, "candidates": len(cands), "valid": len(valid), "fit_in_memory": len(fits),
-                "invalid_by_field": invalid, "rescored": len(scored), "rescore_failed": rescore_failed,
+                "invalid_by_field": invalid, "invalid_example": invalid_example, "rescored": len(scored),
+                "rescore_failed": rescore_failed,
                 "results": results, "source": self.source,
                 "confidence_note": "p_fastest / p_faster_than_next assume independent log-normal errors with "
                                    "each interval's spread",
@@ -435,7 +443,9 @@ SEARCH_CONSTRAINTS = {
     "micro_batch_size": ([1, 2, 4, 8], "allowed micro-batch sizes"),
     "max_tp": (None, "largest tensor-parallel size (default: the node size)"),
     "max_pp": (64, "largest pipeline size"),
-    "schedules": (["1f1b", "interleaved"], "pipeline schedules (gpipe, 1f1b, interleaved)"),
+    "schedules": (["1f1b", "interleaved"], "pipeline schedules of the candidates with pp > 1 (gpipe, 1f1b, "
+                                           "interleaved, zb-h1: zero bubble H1, one model chunk per rank; not with "
+                                           "fixed fsdp); a candidate without a pipeline takes 1f1b"),
     "virtual_stages": ([2, 4], "virtual stages per rank of the interleaved schedule"),
     "recompute": (["none", "selective", "full"], "recomputation policies"),
     "zero_stages": ([0, 1, 2, 3], "ZeRO stages (2 and 3 only without a pipeline)"),
@@ -482,7 +492,8 @@ def _check_constraints(model: Any, hw: Any, constraints: Optional[dict]) -> dict
     for k in ("max_tp", "max_pp", "max_candidates"):
         if c[k] is not None and (not isinstance(c[k], int) or isinstance(c[k], bool) or c[k] < 1):
             raise InputError(f"constraints.{k}: must be a positive integer, got {c[k]!r}")
-    for k, allowed in (("schedules", ("gpipe", "1f1b", "interleaved")), ("recompute", ("none", "selective", "full")),
+    for k, allowed in (("schedules", ("gpipe", "1f1b", "interleaved", "zb-h1")),
+                       ("recompute", ("none", "selective", "full")),
                        ("zero_stages", (0, 1, 2, 3)), ("sequence_parallel", (True, False)),
                        ("hybrid_sharding", (True, False)), ("moe_dispatchers", ("alltoall", "deepep")),
                        ("overlap_moe_comm", (True, False))):

@@ -693,8 +693,57 @@ def _hybrid(raw: str, base: dict, tp: int, cp: int, dp: int, per_node: int, assu
     return {**base, "dp_replicate": replicas} if replicas > 1 else base
 
 
-# zero-bubble pipeline schedules (Qi et al., ICLR 2024: ZB-H1, ZB-H2, ZB-V; DeepSeek-V3's DualPipe)
-_ZERO_BUBBLE = re.compile(r"zero[\s-]*bubble|\bzb[\s-]*(?:h[12]|v|vpp)\b|\bzbv\b|dual[\s-]*pipe")
+# zero-bubble pipeline schedules (Qi et al., ICLR 2024, "Zero Bubble Pipeline Parallelism": ZB-H1, ZB-H2, ZB-V and
+# the automatic ZB-1p/ZB-2p; torchtitan's InterleavedZeroBubble and ZBVZeroBubble; DeepSeek-V3's DualPipe/DualPipeV)
+_ZERO_BUBBLE = re.compile(r"zero[\s_-]*bubble|\bzb[\s_-]*(?:h[\s_-]*[12]|[12][\s_-]*p|v|vpp)\b|\bzbv|dual[\s_-]*pipe")
+# the kinds a row's words name → why each one is not modelled (None: ZB-H1, the run format's "zb-h1"), checked in this
+# order; "ZB-VPP" is the zero-bubble repository's interleaved variant, not ZB-V
+_ZB_KINDS = (
+    ("interleaved zero bubble", re.compile(r"(?<!non)(?<!non[\s-])interleav|\bzb[\s_-]*vpp\b"),
+     "an interleaved zero-bubble schedule (torchtitan's InterleavedZeroBubble, ZB-VPP) runs several model chunks "
+     "per rank in Megatron's interleaved order, and 'zb-h1' has one chunk per rank"),
+    ("ZB-V", re.compile(r"\bzb[\s_-]*v\b|\bzbv(?!pp)"),
+     "ZB-V places two model chunks on each rank in a V shape (the first and the last stage on one rank)"),
+    ("DualPipe", re.compile(r"dual[\s_-]*pipe"),
+     "DualPipe feeds micro-batches into both ends of the pipeline, two model chunks on each rank (DualPipeV: "
+     "the same in a V shape)"),
+    ("ZB-H2", re.compile(r"\bzb[\s_-]*(?:h[\s_-]*2|2[\s_-]*p)\b|zero[\s_-]*bubble[\s_-]*\(?\s*h[\s_-]*2\b"),
+     "ZB-H2 (and the automatic ZB-2p) holds more micro-batches in flight than 1F1B, about twice its activation "
+     "memory, to fill the whole bubble"),
+    ("ZB-H1", re.compile(r"\bzb[\s_-]*(?:h[\s_-]*1|1[\s_-]*p)\b|zero[\s_-]*bubble[\s_-]*\(?\s*h[\s_-]*1\b"),
+     None),
+)
+# ZB-1p, the paper's automatic schedule within 1F1B's activation memory: ZB-H1's micro-batches in flight, its order
+# searched on profiled times (counted as an assumption when read as ZB-H1)
+_ZB_1P = re.compile(r"\bzb[\s_-]*1[\s_-]*p\b")
+# a depth stated beside a zero-bubble name: "vpp=2", "v 2", "2 chunks", "virtual stages: 2"
+_ZB_DEPTH = re.compile(r"\b(?:vpp|vp|v|chunks?|virtual[\w ]*?)\s*[=:]?\s*(\d+)"
+                       r"|\b(\d+)\s*(?:model\s+)?(?:chunks|virtual)")
+
+
+def _zero_bubble(raw: str, text: str, assumed: list) -> dict:
+    """The schedule of a row whose ``vpp_or_schedule`` names a zero-bubble schedule: ZB-H1 → ``zb-h1`` (one model
+    chunk per rank); any other kind, several kinds, or none stated is skipped with its reason."""
+    named = [(kind, why) for kind, pattern, why in _ZB_KINDS if pattern.search(text)]
+    head = f"vpp_or_schedule {raw!r}: of the zero-bubble schedules only ZB-H1 is modelled"
+    interleaved = [why for kind, why in named if kind == "interleaved zero bubble"]
+    if interleaved:
+        raise _Skip(f"{head}; {interleaved[0]}")
+    if len(named) > 1:
+        raise _Skip(f"{head}; the row names several ({', '.join(kind for kind, _ in named)}): state the one it ran")
+    if not named:
+        raise _Skip(f"{head}; the row does not say which kind (ZB-H1, ZB-H2, ZB-V, DualPipe): they differ in the "
+                    "micro-batches in flight and the placement of model chunks")
+    _kind, why = named[0]
+    if why is not None:
+        raise _Skip(f"{head}; {why}")
+    depth = _ZB_DEPTH.search(text)
+    if depth and int(depth.group(1) or depth.group(2)) > 1:
+        raise _Skip(f"vpp_or_schedule {raw!r}: ZB-H1 places one model chunk on each rank, but the row states "
+                    f"{int(depth.group(1) or depth.group(2))} virtual stages; zb-h1 needs virtual_pipeline_stages 1")
+    if _ZB_1P.search(text):
+        assumed.append("zb-h1 for ZB-1p (the paper's automatic schedule within 1F1B's activation memory)")
+    return {"pipeline_schedule": "zb-h1"}
 
 
 def _schedule(row: dict, pp: int, assumed: list) -> dict:
@@ -706,9 +755,7 @@ def _schedule(row: dict, pp: int, assumed: list) -> dict:
         return {"pipeline_schedule": "interleaved", "virtual_pipeline_stages": v} if v > 1 else \
             {"pipeline_schedule": "1f1b"}
     if _ZERO_BUBBLE.search(text):
-        raise _Skip(f"vpp_or_schedule {_cell(row, 'vpp_or_schedule')!r}: zero-bubble schedules (ZB-H1/H2, ZB-V, "
-                    "DualPipe) split the backward pass into input and weight gradients, which the run format's "
-                    "schedules (1F1B, interleaved, GPipe) do not")
+        return _zero_bubble(_cell(row, "vpp_or_schedule"), text, assumed)
     if re.search(r"non[\s-]*interleav", text):
         return {"pipeline_schedule": "1f1b"}
     if "interleav" in text or re.search(r"\bv(?:pp?)?\b", text) or "virtual" in text:
@@ -726,7 +773,7 @@ def _schedule(row: dict, pp: int, assumed: list) -> dict:
         if not text:
             assumed.append("1F1B pipeline schedule (blank)")
         return {"pipeline_schedule": "1f1b"}
-    raise _Skip(f"field 'vpp_or_schedule': {_cell(row, 'vpp_or_schedule')!r} is not 1F1B, GPipe or interleaved")
+    raise _Skip(f"field 'vpp_or_schedule': {_cell(row, 'vpp_or_schedule')!r} is not 1F1B, GPipe, interleaved or ZB-H1")
 
 
 def _strategy(row: dict, model: dict, num_gpus: int, per_node: int, assumed: list) -> dict:
