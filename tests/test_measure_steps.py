@@ -84,8 +84,9 @@ def test_tensor_parallel_matches_unsharded(model):
     assert tp == pytest.approx(plain, rel=1e-4, abs=1e-5)
 
 
-@pytest.mark.parametrize("sched", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("sched", ["gpipe", "1f1b", "zb-h1"])
 def test_pipeline_schedules_match_single_process(sched):
+    # zb-h1: the linear layers' weight gradients are computed in W passes after the backward (WeightGradStore)
     # GPT ties the embedding and the head, which live on different stages: their gradients must be summed.
     strat = {**SGD, "global_batch_size": 4}
     plain = train_losses(StepConfig(GPT, 1, strat, learning_rate=LR), 3)
@@ -179,6 +180,13 @@ def test_pipeline_schedules_are_valid():
                         live += 1 if op == "F" else -1
                         peak = max(peak, live)
                     assert peak <= pp - stage
+    for pp in (2, 4):
+        for stage in range(pp):
+            order = schedule("zb-h1", stage, pp, 6)
+            # 1F1B's forwards and backwards, each micro-batch's weight pass after its backward
+            assert [u for u in order if u[0] != "W"] == schedule("1f1b", stage, pp, 6)
+            assert sorted(i for op, i in order if op == "W") == list(range(6))
+            assert all(order.index(("B", i)) < order.index(("W", i)) for i in range(6))
 
 
 def test_grid_is_large_valid_and_parses():
@@ -187,7 +195,7 @@ def test_grid_is_large_valid_and_parses():
     assert len(grid) >= 110
     assert sum(p.world_size > 1 for p in plans) >= 50
     assert {p.kind for p in plans} >= {"single", "dp", "tp", "pp", "zero", "fsdp", "tp+dp", "pp+dp"}
-    assert {p.strategy["pipeline_schedule"] for p in plans if p.pp > 1} == {"gpipe", "1f1b"}
+    assert {p.strategy["pipeline_schedule"] for p in plans if p.pp > 1} == {"gpipe", "1f1b", "zb-h1"}
     assert {p.model["arch"] for p in plans} == {"gpt", "llama", "bert", "mlp", "cnn"}
     assert len({c.label() for c in grid}) == len(grid)
     for c, p in zip(grid, plans):

@@ -65,6 +65,8 @@ class ParallelContext:
         tp_group: the process group of those ranks (``None`` when ``tp_size == 1``).
         stage: this rank's pipeline stage.
         num_stages: pipeline stages (``pp``).
+        weight_grads: where the linear layers leave their weight-gradient GEMMs for a zero-bubble
+            schedule's ``W`` pass (:class:`WeightGradStore`); ``None``: computed in the backward.
     """
 
     tp_size: int = 1
@@ -72,6 +74,7 @@ class ParallelContext:
     tp_group: Any = None
     stage: int = 0
     num_stages: int = 1
+    weight_grads: Optional["WeightGradStore"] = None  # set: linear layers defer their weight gradients there
 
     @property
     def is_first_stage(self) -> bool:
@@ -178,6 +181,63 @@ def _param(shape: tuple[int, ...], init: str, shard: Optional[tuple[int, list[in
     return p
 
 
+class WeightGradStore:
+    """Weight-gradient GEMMs a backward pass left for later: a zero-bubble schedule's ``W`` (Qi et al., ICLR
+    2024, whose Megatron implementation keeps them in a store of the same name).
+
+    The backward of a linear layer built with a store computes its input gradient (``B``) and its bias
+    gradient, and appends the weight, its input and its output gradient here; :meth:`take` hands over
+    what one backward left and :meth:`run` computes those weight gradients, adding them to ``.grad``.
+    """
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+
+    def defer(self, weight: torch.Tensor, x: torch.Tensor, grad: torch.Tensor) -> None:
+        """Keep one weight-gradient GEMM: ``grad``ᵀ ``x`` over every leading dimension."""
+        self.pending.append((weight, x, grad))
+
+    def take(self) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Everything deferred since the last call."""
+        out, self.pending = self.pending, []
+        return out
+
+    @staticmethod
+    def run(items: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
+        """Compute the weight gradients of ``items`` (from :meth:`take`), accumulating into ``.grad``."""
+        for weight, x, grad in items:
+            g = grad.reshape(-1, grad.shape[-1]).t() @ x.reshape(-1, x.shape[-1])
+            if weight.grad is None:
+                weight.grad = g
+            else:
+                weight.grad.add_(g)
+
+
+class _LinearDeferringWeightGrad(torch.autograd.Function):
+    """``F.linear`` whose backward returns the input and bias gradients and defers the weight's."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, store):  # noqa: D102 - autograd protocol
+        ctx.save_for_backward(x, weight)
+        ctx.store, ctx.has_bias = store, bias is not None
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: D102 - autograd protocol
+        x, weight = ctx.saved_tensors
+        ctx.store.defer(weight, x, grad)
+        grad_bias = grad.reshape(-1, grad.shape[-1]).sum(0) if ctx.has_bias else None
+        return grad @ weight, None, grad_bias, None
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], ctx: Optional[ParallelContext]):
+    """``F.linear``, or with ``ctx.weight_grads`` set the same product whose weight gradient waits in that
+    store for a ``W`` pass."""
+    if ctx is not None and ctx.weight_grads is not None and torch.is_grad_enabled():
+        return _LinearDeferringWeightGrad.apply(x, weight, bias, ctx.weight_grads)
+    return F.linear(x, weight, bias)
+
+
 class ColumnParallelLinear(nn.Module):
     """``y = x Wᵀ + b`` with the output features (rows of W) split over the tp ranks.
 
@@ -193,7 +253,7 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Local slice of the output features."""
-        return F.linear(copy_to_tp(x, self.ctx), self.weight, self.bias)
+        return linear(copy_to_tp(x, self.ctx), self.weight, self.bias, self.ctx)
 
 
 class RowParallelLinear(nn.Module):
@@ -210,7 +270,7 @@ class RowParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Full output (identical on every tp rank)."""
-        y = reduce_from_tp(F.linear(x, self.weight), self.ctx)
+        y = reduce_from_tp(linear(x, self.weight, None, self.ctx), self.ctx)
         return y + self.bias if self.bias is not None else y
 
 
@@ -426,7 +486,7 @@ class TransformerStage(nn.Module):
         if targets is None:
             raise ValueError("the last pipeline stage needs targets to compute the loss")
         x = self.norm(x)
-        logits = F.linear(copy_to_tp(x, self.ctx), self.head_weight())
+        logits = linear(copy_to_tp(x, self.ctx), self.head_weight(), None, self.ctx)
         return vocab_parallel_cross_entropy(logits, targets, self.ctx, self.spec.vocab_size)
 
     # ------------------------------------------------------------------ helpers

@@ -300,8 +300,13 @@ def plan_step(config: StepConfig) -> StepPlan:
     if gbs % (mbs * dp):
         raise bad("strategy.global_batch_size",
                   f"{gbs} is not divisible by micro_batch_size·dp = {mbs}·{dp} = {mbs * dp}")
-    if s["pipeline_schedule"] not in ("gpipe", "1f1b"):
-        raise bad("strategy.pipeline_schedule", f"expected 'gpipe' or '1f1b', got {s['pipeline_schedule']!r}")
+    if s["pipeline_schedule"] not in ("gpipe", "1f1b", "zb-h1"):
+        raise bad("strategy.pipeline_schedule", f"expected 'gpipe', '1f1b' or 'zb-h1', got {s['pipeline_schedule']!r}")
+    if s["pipeline_schedule"] == "zb-h1" and pp < 2:
+        raise bad("strategy.pipeline_schedule", "'zb-h1' needs pp >= 2")
+    if s["pipeline_schedule"] == "zb-h1" and s["precision"] != "fp32":
+        # the deferred weight-gradient GEMMs (measure.models.WeightGradStore) are written without autocast
+        raise bad("strategy.pipeline_schedule", f"'zb-h1' is measured in fp32, not {s['precision']!r}")
     if s["zero_stage"] not in (0, 1, 2, 3) or isinstance(s["zero_stage"], bool):
         raise bad("strategy.zero_stage", f"expected 0, 1, 2 or 3, got {s['zero_stage']!r}")
     if not isinstance(s["fsdp"], bool):
@@ -441,8 +446,14 @@ def schedule(kind: str, stage: int, num_stages: int, num_microbatches: int) -> l
     GPipe: every forward, then every backward. 1F1B: ``num_stages - stage - 1``
     warm-up forwards, then alternate one forward and one backward, then the
     remaining backwards (at most ``num_stages - stage`` micro-batches in flight).
+    ZB-H1: 1F1B whose backwards ('B') leave their weight gradients to 'W' passes,
+    the simulator's order (:func:`learnedperf.graph.execution.schedule_zb_h1`).
     """
     m = num_microbatches
+    if kind == "zb-h1":
+        from ..graph.execution import schedule_zb_h1
+
+        return [(op, i) for op, _chunk, i in schedule_zb_h1(num_stages, m, stage)]
     if kind == "gpipe":
         return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
     if kind != "1f1b":
@@ -556,7 +567,8 @@ def _build_step(plan: StepPlan, rank: int) -> tuple[Callable[[], Any], int]:
     world = plan.world_size
     groups = _new_groups(plan, rank) if world > 1 else {"tp": None, "dp": None, "embed": None}
     ctx = M.ParallelContext(tp_size=plan.tp, tp_rank=tp_rank, tp_group=groups["tp"], stage=pp_rank,
-                            num_stages=plan.pp)
+                            num_stages=plan.pp,
+                            weight_grads=M.WeightGradStore() if s["pipeline_schedule"] == "zb-h1" else None)
     net = M.build_model(plan.model, ctx, s["recompute"], plan.seed)
     m = plan.num_microbatches
     mbs = s["micro_batch_size"]
@@ -645,7 +657,10 @@ def _local_numel(net) -> int:
 
 
 def _pipeline_step(plan: StepPlan, net, optimizer, batches, groups, coords, autocast) -> Callable[[], Any]:
-    """One pipeline stage's iteration under the GPipe or 1F1B schedule, with blocking receives.
+    """One pipeline stage's iteration under the GPipe, 1F1B or ZB-H1 schedule, with blocking receives.
+
+    Under ZB-H1 a backward leaves its linear layers' weight gradients in the model's
+    :class:`~learnedperf.measure.models.WeightGradStore`, and that micro-batch's ``W`` computes them.
 
     Sends are posted with ``isend`` and completed before the iteration ends:
     gloo's send is a rendezvous (it waits for the matching receive), so a
@@ -665,15 +680,19 @@ def _pipeline_step(plan: StepPlan, net, optimizer, batches, groups, coords, auto
     order = schedule(s["pipeline_schedule"], pp_rank, pp, m)
     params = [p for p in net.parameters() if p.requires_grad]
     tied = net.tied_parameter()
+    store = net.ctx.weight_grads
 
     def step():
         inputs: dict[int, Any] = {}
         outputs: dict[int, Any] = {}
+        deferred: dict[int, list] = {}
         sends = []
         total = None
         for op, i in order:
             x, t = batches[i]
-            if op == "F":
+            if op == "W":
+                store.run(deferred.pop(i))
+            elif op == "F":
                 if not first:
                     x = torch.empty(shape, dtype=act_dtype)
                     dist.recv(x, src=prev_rank, tag=i)
@@ -696,6 +715,8 @@ def _pipeline_step(plan: StepPlan, net, optimizer, batches, groups, coords, auto
                     g = torch.empty(shape, dtype=act_dtype)
                     dist.recv(g, src=next_rank, tag=m + i)
                     outputs.pop(i).backward(g)
+                if store is not None:
+                    deferred[i] = store.take()
                 if not first:
                     grad = inputs.pop(i).grad.contiguous()
                     sends.append((dist.isend(grad, dst=prev_rank, tag=m + i), grad))
@@ -1113,9 +1134,9 @@ def gpu_step_grid(quick: bool = False) -> list[StepConfig]:
 def step_grid(quick: bool = False, device: str = "cpu") -> list[StepConfig]:
     """The configurations measured for the project's data set (``device="cuda"``: :func:`gpu_step_grid`).
 
-    ``quick=False``: 140 configs (87 on several processes) — single-process (fp32, bf16, full recompute,
+    ``quick=False``: 147 configs (94 on several processes) — single-process (fp32, bf16, full recompute,
     larger micro-batches, gradient accumulation, 2 threads), DDP with several bucket
-    sizes, tensor, pipeline (GPipe and 1F1B), ZeRO-1/2 and FSDP on 2 processes, and
+    sizes, tensor, pipeline (GPipe, 1F1B and ZB-H1), ZeRO-1/2 and FSDP on 2 processes, and
     dp / tp / pp / tp+dp / pp+dp / tp+pp / FSDP on 4 processes (which oversubscribe
     a 2-core machine; ``threads`` records 1 per process), among them 4 hybrid-sharded
     (HSDP, ``dp_replicate`` 2: FULL_SHARD and ZeRO-2, one with gradient accumulation).
@@ -1161,7 +1182,7 @@ def step_grid(quick: bool = False, device: str = "cpu") -> list[StepConfig]:
         out.append(cfg(f"{fam}-small", 2, tp=2, precision="bf16"))
         # BERT-medium's 512-token pipeline would take half a minute per config; its small size stands in.
         for size in ("small",) if fam == "bert" else ("small", "medium"):
-            for sched in ("gpipe", "1f1b"):
+            for sched in ("gpipe", "1f1b", "zb-h1"):
                 out.append(cfg(f"{fam}-{size}", 2, pp=2, global_batch_size=4, pipeline_schedule=sched))
         out.append(cfg(f"{fam}-tiny", 2, pp=2, global_batch_size=8, pipeline_schedule="1f1b"))
         out.append(cfg(f"{fam}-small", 2, zero_stage=1, grad_bucket_size_MiB=25.0))
@@ -1181,6 +1202,7 @@ def step_grid(quick: bool = False, device: str = "cpu") -> list[StepConfig]:
         out.append(cfg(f"{fam}-small", 4))
         out.append(cfg(f"{fam}-small", 4, tp=4))
         out.append(cfg(f"{fam}-small", 4, pp=4, global_batch_size=4, pipeline_schedule="1f1b"))
+        out.append(cfg(f"{fam}-small", 4, pp=4, global_batch_size=4, pipeline_schedule="zb-h1"))
         out.append(cfg(f"{fam}-small", 4, tp=2))
         out.append(cfg(f"{fam}-small", 4, pp=2, global_batch_size=8,
                        pipeline_schedule="1f1b" if fam == "gpt" else "gpipe"))
