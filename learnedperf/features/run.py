@@ -196,10 +196,10 @@ def _link_Bps(ctx: RunContext, size: int, stride: int) -> float:
     return ctx.cost.link_bandwidth_Bps("inter" if g.nodes > 1 else "intra")
 
 
-def _costs(ctx: RunContext, ops: list) -> tuple[float, float, float, float]:
-    """(compute s, memory-bound compute s, collective s, all-to-all s) of ``ops`` on ``ctx``'s cost model; the
-    collectives include the all-to-alls."""
-    comp = mem = comm = a2a = 0.0
+def _costs(ctx: RunContext, ops: list) -> tuple[float, float, float, float, float]:
+    """(compute s, memory-bound compute s, collective s, all-to-all s, weight-gradient s) of ``ops`` on
+    ``ctx``'s cost model; the collectives include the all-to-alls, the compute the weight gradients."""
+    comp = mem = comm = a2a = wgrad = 0.0
     cost = ctx.cost
     for op in ops:
         if op.is_comm:
@@ -212,7 +212,9 @@ def _costs(ctx: RunContext, ops: list) -> tuple[float, float, float, float]:
             comp += t
             if op.kind not in ("matmul", "attention", "conv"):
                 mem += t
-    return comp, mem, comm, a2a
+            elif is_weight_gradient(op):
+                wgrad += t
+    return comp, mem, comm, a2a, wgrad
 
 
 def layer_cost(run: Any, ctx: RunContext) -> tuple[float, ...]:
@@ -236,13 +238,9 @@ def layer_cost(run: Any, ctx: RunContext) -> tuple[float, ...]:
                    group_placement(s.ep, s.tp, dpn))
 
     def unit(fwd: list) -> tuple[float, float, float, float]:
-        bwd = [] if s.forward_only else backward_of(fwd)
-        parts = (fwd,) if s.forward_only else (fwd, bwd, recompute_ops(fwd, s.recompute))
-        c = [_costs(ctx, ops) for ops in parts]
-        comp, mem, comm = sum(x[0] for x in c), sum(x[1] for x in c), sum(x[2] for x in c)
-        wgrad = sum(ctx.cost.compute_time_s(op) for op in bwd if is_weight_gradient(op))
+        parts = (fwd,) if s.forward_only else (fwd, backward_of(fwd), recompute_ops(fwd, s.recompute))
+        comp, mem, comm, a2a, wgrad = (sum(x) for x in zip(*(_costs(ctx, ops) for ops in parts)))
         if s.overlap_moe_comm:
-            a2a = sum(x[3] for x in c)
             slowed = kernels_beside_alltoalls_s(comp, a2a, run.hardware.device.num_sms)
             comm += max(0.0, a2a - slowed) - a2a
             comp = slowed
@@ -399,9 +397,9 @@ def analytic_time(run: Any, ctx: RunContext, loads: Optional[list] = None) -> An
     if s.pipeline_schedule == "zb-h1" and pp > 1:
         # zero bubble H1: the weight gradients W fill the bubble, (p-1)(F+B-W) against 1F1B's (p-1)(F+B+W)
         # (Qi et al., ICLR 2024, Table 1)
-        layers = dense_layers * dense_c + moe_layers * moe_c
-        w = dense_layers * dense_w + moe_layers * moe_w
-        bubble *= max(0.0, layers - 2.0 * w) / layers if layers > 0 else 1.0
+        layers_s = dense_layers * dense_c + moe_layers * moe_c
+        w_s = dense_layers * dense_w + moe_layers * moe_w
+        bubble *= max(0.0, layers_s - 2.0 * w_s) / layers_s if layers_s > 0 else 1.0
     return AnalyticTime(compute, layer_comm, flops / peak, memory_bound, pp_s, dp_s, opt, bubble, exposed)
 
 

@@ -441,33 +441,26 @@ def global_rank(tp_rank: int, dp_rank: int, pp_rank: int, tp: int, dp: int) -> i
 
 
 def schedule(kind: str, stage: int, num_stages: int, num_microbatches: int) -> list[tuple[str, int]]:
-    """The order in which one pipeline stage runs forward ('F') and backward ('B') micro-batches.
+    """The order in which one pipeline stage runs forward ('F') and backward ('B') micro-batches: the
+    simulator's (:mod:`learnedperf.graph.execution`), so that what is measured is what is simulated.
 
     GPipe: every forward, then every backward. 1F1B: ``num_stages - stage - 1``
     warm-up forwards, then alternate one forward and one backward, then the
     remaining backwards (at most ``num_stages - stage`` micro-batches in flight).
-    ZB-H1: 1F1B whose backwards ('B') leave their weight gradients to 'W' passes,
-    the simulator's order (:func:`learnedperf.graph.execution.schedule_zb_h1`).
+    ZB-H1: 1F1B whose backwards ('B') leave their weight gradients to 'W' passes.
     """
-    m = num_microbatches
-    if kind == "zb-h1":
-        from ..graph.execution import schedule_zb_h1
+    from ..graph.execution import schedule_1f1b, schedule_gpipe, schedule_zb_h1
 
-        return [(op, i) for op, _chunk, i in schedule_zb_h1(num_stages, m, stage)]
+    m = num_microbatches
     if kind == "gpipe":
-        return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
-    if kind != "1f1b":
+        order = schedule_gpipe(m)
+    elif kind == "1f1b":
+        order = schedule_1f1b(num_stages, m, stage)
+    elif kind == "zb-h1":
+        order = schedule_zb_h1(num_stages, m, stage)
+    else:
         raise InputError(f"strategy.pipeline_schedule: unknown schedule {kind!r}")
-    warm = min(num_stages - stage - 1, m)
-    out = [("F", i) for i in range(warm)]
-    f, b = warm, 0
-    while f < m:
-        out.append(("F", f))
-        f += 1
-        out.append(("B", b))
-        b += 1
-    out.extend(("B", i) for i in range(b, m))
-    return out
+    return [(op, i) for op, _chunk, i in order]
 
 
 # --------------------------------------------------------------------------- one rank

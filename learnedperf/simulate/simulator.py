@@ -332,6 +332,23 @@ class _Builder:
             out = self.grad_memo[key] = (nseg, [(seg, *acc) for seg, acc in sorted(merged.items())])
         return out
 
+    def chunk_grads(self, chunk: Chunk, releases: bool) -> tuple[int, list[tuple[int, float, float, float]]]:
+        """The segments a backward unit of ``chunk`` is cut into and the gradient reductions they release
+        (:meth:`grad_segments`: one segment per layer when reduction overlaps the backward) if the unit
+        ``releases`` the chunk's gradients; else one segment and none."""
+        if not releases:
+            return 1, []
+        return self.grad_segments(chunk, max(1, chunk.num_layers) if self.run.strategy.overlap_grad_reduce else 1)
+
+    def reduce_grads(self, stage: int, vs: int, grads: list[tuple[int, float, float, float]],
+                     done: list[int]) -> list[int]:
+        """Tasks of the reductions ``grads`` (:meth:`chunk_grads`) on the stage's dp stream, each after the task
+        of ``done`` (the unit's segments) that releases it when gradients are reduced during the backward."""
+        overlap = self.run.strategy.overlap_grad_reduce
+        return [self.e.transfer(self.dp_streams[stage], g_lat, self.demands(stage, g_intra, g_inter),
+                                (done[seg],) if overlap else (), "dp_comm", f"grad_reduce{vs}.{seg}")
+                for seg, g_lat, g_intra, g_inter in grads]
+
     def build(self) -> None:
         eg, run, e, cost = self.eg, self.run, self.e, self.cost
         s = run.strategy
@@ -339,7 +356,7 @@ class _Builder:
         n_v = pp * v
         zero = s.effective_zero_stage
         self.compute_streams = [e.add_stream(f"stage{st}.compute") for st in range(pp)]
-        dp_streams = [e.add_stream(f"stage{st}.dp") for st in range(pp)]
+        self.dp_streams = dp_streams = [e.add_stream(f"stage{st}.dp") for st in range(pp)]
         p2p_streams = [e.add_stream(f"stage{st}.p2p") for st in range(pp)] if s.overlap_p2p else self.compute_streams
         self.comm_streams = [[dp_streams[st]] + ([p2p_streams[st]] if s.overlap_p2p else []) for st in range(pp)]
         hide = s.overlap_moe_comm
@@ -381,14 +398,13 @@ class _Builder:
 
         fwd_done: dict[tuple[int, int], int] = {}  # (vstage, mb) -> task whose end delivers activations
         bwd_done: dict[tuple[int, int], int] = {}
-        bwd_compute: dict[tuple[int, int], int] = {}  # (vstage, mb) -> the B's last compute task (a W follows it)
         # the last backward unit of each chunk releases its gradients: its last "W" in a zero-bubble schedule
         grad_kind = "W" if zb else "B"
-        last_b_of_chunk: dict[int, int] = {}
+        releasing_mb: dict[int, int] = {}  # vstage -> the micro-batch whose unit releases the chunk's gradients
         for st in eg.stages:
             for kind, c, mb in st.schedule:
                 if kind == grad_kind:
-                    last_b_of_chunk[st.chunks[c].vstage] = mb
+                    releasing_mb[st.chunks[c].vstage] = mb
 
         # ZeRO-1/2 parameter all-gather overlapped into the iteration start (distributed optimizer)
         param_gather: dict[int, int] = {}
@@ -454,31 +470,25 @@ class _Builder:
                             t = e.transfer(p2p_streams[i], send[0], send[1], (t,), "pp_comm", f"send F{vs}.{mb}")
                         fwd_done[(vs, mb)] = t
                     elif kind == "W":
-                        # a weight-gradient pass: kernels only, after its B on the same stream
-                        nseg, grads = (self.grad_segments(chunk, max(1, chunk.num_layers) if s.overlap_grad_reduce
-                                                          else 1) if last_b_of_chunk.get(vs) == mb else (1, []))
+                        # a weight-gradient pass: kernels only, after its B on the same stream (the schedule
+                        # puts every W after its B)
+                        nseg, grads = self.chunk_grads(chunk, releasing_mb.get(vs) == mb)
                         done = []
                         for u in range(nseg):
-                            d = [done[-1]] if done else [bwd_compute[(vs, mb)]]
-                            done.append(e.compute(self.compute_streams[i], wcost[vs][0] / nseg, d, "backward",
+                            done.append(e.compute(self.compute_streams[i], wcost[vs][0] / nseg, done[-1:], "backward",
                                                   f"W{vs}.{mb}"))
                             self.compute_part[done[-1]] = wcost[vs][0] / nseg
-                        for seg, g_lat, g_intra, g_inter in grads:
-                            dep = (done[seg],) if s.overlap_grad_reduce else ()
-                            grad_tasks[i].append(e.transfer(dp_streams[i], g_lat, self.demands(i, g_intra, g_inter),
-                                                            dep, "dp_comm", f"grad_reduce{vs}.{seg}"))
+                        grad_tasks[i] += self.reduce_grads(i, vs, grads, done)
                     else:
                         if vs < n_v - 1 and (vs + 1, mb) not in bwd_done:
                             break
                         deps = [bwd_done[(vs + 1, mb)]] if vs < n_v - 1 else [fwd_done[(vs, mb)]]
-                        is_last = not zb and last_b_of_chunk.get(vs) == mb
+                        is_last = not zb and releasing_mb.get(vs) == mb
                         if per_layer:
                             units, grads = bunits[vs], []
                         else:
-                            nseg, grads = (self.grad_segments(chunk, max(1, chunk.num_layers) if s.overlap_grad_reduce
-                                                              else 1) if is_last else (1, []))
+                            nseg, grads = self.chunk_grads(chunk, is_last)
                             units = [(0, tuple(x / nseg for x in bcost[vs][:7]))] * nseg
-                        overlap = s.overlap_grad_reduce and bool(grads)
                         send = self.p2p(i, (vs - 1) % pp) if vs > 0 else None
                         done = []
                         for u, (layers, unit) in enumerate(units):
@@ -512,14 +522,10 @@ class _Builder:
                                     last = self.sharded_comm(rs_streams[i], i, "allreduce", body * layers + root,
                                                              layers, (last,), f"chunk{vs}.hsdp_allreduce.{u}")
                                 sharded_grads[i].append(last)
-                        for seg, g_lat, g_intra, g_inter in grads:
-                            dep = (done[seg],) if overlap else ()
-                            grad_tasks[i].append(e.transfer(dp_streams[i], g_lat, self.demands(i, g_intra, g_inter),
-                                                            dep, "dp_comm", f"grad_reduce{vs}.{seg}"))
+                        grad_tasks[i] += self.reduce_grads(i, vs, grads, done)
                         if send is not None:
                             t = e.transfer(p2p_streams[i], send[0], send[1], (t,), "pp_comm", f"send B{vs}.{mb}")
                         bwd_done[(vs, mb)] = t
-                        bwd_compute[(vs, mb)] = done[-1]
                     ptr[i] += 1
                     remaining -= 1
                     progressed = True
