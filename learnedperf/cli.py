@@ -82,14 +82,22 @@ class _Parser(argparse.ArgumentParser):
 
 
 # ---------------------------------------------------------------- parser
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
-    return value
+def _int_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse ``type``: a whole number >= ``minimum``, or one message naming the value."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected a number >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+_positive_int = _int_at_least(1)
+_non_negative_int = _int_at_least(0)
 
 
 def _add_placement_arguments(g: Any) -> None:
@@ -220,9 +228,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--evaluation", metavar="REPORT.json", help="report of 'learnedperf evaluate': picks --method auto, "
                                                                 "calibrates intervals of novel runs, and its tables "
                                                                 "are copied into the manifest")
-    p.add_argument("--surrogate-runs", type=int, default=20000, metavar="N",
+    p.add_argument("--surrogate-runs", type=_non_negative_int, default=20000, metavar="N",
                    help="sampled runs labelled by the trained model to distil the fast tier's surrogate "
                         "(default 20000; 0: no surrogate, the checkpoint answers tier 'full' only)")
+    p.add_argument("--surrogate-near-runs", type=_non_negative_int, default=5000, metavar="N",
+                   help="runs near the data set's measured runs (their model and hardware, strategies of their "
+                        "own) also labelled for the surrogate, so that fast answers follow the full tier on the "
+                        "hardware it was trained on (default 5000; 0: none)")
     _add_model_arguments(p)
     p.set_defaults(handler=_cmd_train)
 
@@ -883,7 +895,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from .io import load_json_file
     from .models.evaluate import format_table
     from .models.iteration import METHODS
-    from .models.pipeline import choose_method, fit_model
+    from .models.pipeline import choose_method, fit_model, measured_runs
 
     prog = "learnedperf train"
     report = None
@@ -924,9 +936,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
             from .checkpoint import add_surrogate
             from .predict import Predictor, distil_surrogate
 
+            anchors = measured_runs(args.data) if args.surrogate_near_runs > 0 else []
+            if args.surrogate_near_runs > 0 and not anchors:
+                print(f"{prog}: {args.data} has no measured runs: the surrogate is distilled on sampled runs only",
+                      file=sys.stderr)
             surrogate, fidelity = distil_surrogate(Predictor.load(args.out), n=args.surrogate_runs, seed=args.seed,
                                                    progress=args.progress and sys.stderr.isatty(),
-                                                   log=lambda line: print(line, file=sys.stderr))
+                                                   log=lambda line: print(line, file=sys.stderr), anchors=anchors,
+                                                   n_near=args.surrogate_near_runs if anchors else 0)
             add_surrogate(args.out, surrogate, fidelity)
             load_checkpoint(args.out)
     except LearnedPerfError as exc:

@@ -641,66 +641,99 @@ def _ranking_confidence(preds: list[dict]) -> tuple[list[float], list[float]]:
 
 
 def distil_surrogate(predictor: Predictor, n: int = 20000, seed: int = 0, holdout: float = 0.2,
-                     progress: bool = False, log: Any = lambda s: None) -> tuple[Any, dict]:
-    """Fit the fast tier's surrogate on ``n`` sampled runs labelled by ``predictor``'s full tier.
+                     progress: bool = False, log: Any = lambda s: None, anchors: Optional[list] = None,
+                     n_near: int = 0) -> tuple[Any, dict]:
+    """Fit the fast tier's surrogate on ``n`` sampled runs labelled by ``predictor``'s full tier, and on
+    ``n_near`` runs near ``anchors``.
 
     Runs come from the data set sampler (:func:`~learnedperf.data.sampler.sample_runs`, seed
-    ``seed + 1`` so they differ from a data set generated with ``seed``); a ``holdout`` share of them
-    measures the surrogate's fidelity to the full tier (MAPE, and the conformal quantiles of
-    log(full / fast) that widen fast intervals) before the final fit on all of them.
+    ``seed + 1`` so they differ from a data set generated with ``seed``). Near runs
+    (:func:`~learnedperf.data.sampler.sample_near_runs`) take the model and hardware of an anchor — the
+    measured runs the checkpoint was trained on — and a strategy of their own: the sampler draws catalog
+    devices, so without them the surrogate would extrapolate on the hardware (an inline CPU with kernel
+    curves, say) and the framework habits the full tier knows best from its measured runs, and where a
+    cluster's own user asks most. A ``holdout`` share of each kind measures the surrogate's fidelity to
+    the full tier (MAPE, and on the sampled runs the conformal quantiles of log(full / fast) that widen
+    fast intervals) before the final fit on all of them.
 
     Returns:
-        ``(surrogate, fidelity)``.
+        ``(surrogate, fidelity)``; ``fidelity["near"]`` describes the near runs (``n_labelled`` 0 without).
     """
     import math
     import time
 
     import numpy as np
 
-    from .data.sampler import sample_runs
+    from .data.sampler import sample_near_runs, sample_runs
     from .models.intervals import conformal_quantile
     from .models.metrics import mape
     from .models.surrogate import BREAKDOWN_PARTS, SurrogateRegressor
     from .specs import RunSpec
 
-    t0 = time.perf_counter()
-    rows, analytic, times, shares, failed = [], [], [], [], 0
-    it = sample_runs(n, seed=seed + 1)
-    if progress:
-        from tqdm import tqdm
+    def label(it: Any, total: int, desc: str) -> tuple[list, int, float]:
+        """(rows of [features, analytic s, full ms, shares], runs the full tier refused, seconds)"""
+        t0 = time.perf_counter()
+        rows, failed = [], 0
+        if progress:
+            from tqdm import tqdm
 
-        it = tqdm(it, total=n, desc="distil", unit="run")
-    for _i, raw in it:
-        spec = RunSpec.from_dict(raw)
-        try:
-            pred = predictor.predict_with_result(spec)[0]
-        except LearnedPerfError:
-            failed += 1  # counted and reported: a run the full tier cannot answer teaches nothing
-            continue
-        _ctx, _mem, x, at = predictor._features(spec)
-        t = pred["iteration_time_ms"]
-        rows.append(x)
-        analytic.append(at.total_s)
-        times.append(t)
-        shares.append([pred["breakdown_ms"].get(p, 0.0) / t for p in BREAKDOWN_PARTS])
-    label_s = time.perf_counter() - t0
-    X, a, y, S = (np.asarray(v, dtype=float) for v in (rows, analytic, times, shares))
-    if len(y) < 50:
-        raise InputError(f"distillation: only {len(y)} of {n} sampled runs could be labelled")
+            it = tqdm(it, total=total, desc=desc, unit="run")
+        for _i, raw in it:
+            spec = RunSpec.from_dict(raw)
+            try:
+                pred = predictor.predict_with_result(spec)[0]
+            except LearnedPerfError:
+                failed += 1  # counted and reported: a run the full tier cannot answer teaches nothing
+                continue
+            _ctx, _mem, x, at = predictor._features(spec)
+            t = pred["iteration_time_ms"]
+            rows.append((x, at.total_s, t, [pred["breakdown_ms"].get(p, 0.0) / t for p in BREAKDOWN_PARTS]))
+        return rows, failed, time.perf_counter() - t0
+
+    def arrays(rows: list) -> tuple:
+        return tuple(np.asarray([r[k] for r in rows], dtype=float) for k in range(4))
+
+    groups = 0
+    if n_near > 0:
+        from .data.sampler import anchor_groups
+
+        if not anchors:
+            raise InputError("distillation: n_near > 0 needs anchor runs to draw near")
+        groups = len(anchor_groups(anchors))  # bad anchors are refused before any labelling
+    sampled, failed, label_s = label(sample_runs(n, seed=seed + 1), n, "distil")
+    if len(sampled) < 50:
+        raise InputError(f"distillation: only {len(sampled)} of {n} sampled runs could be labelled")
+    near: list = []
+    near_failed, near_s = 0, 0.0
+    if n_near > 0:
+        near, near_failed, near_s = label(sample_near_runs(n_near, anchors, seed=seed + 1), n_near, "distil near")
+    X, a, y, S = arrays(sampled + near)
+    is_near = np.arange(len(y)) >= len(sampled)
     rng = np.random.default_rng(seed)
     test = rng.random(len(y)) < holdout
     probe = SurrogateRegressor(random_state=seed).fit(X[~test], y[~test], a[~test], S[~test])
     fast = probe.predict(X[test], a[test])
-    r = np.log(y[test] / fast)
-    fidelity = {"n_labelled": int(len(y)), "n_failed": failed, "n_holdout": int(test.sum()),
-                "holdout_mape": round(float(mape(fast, y[test])), 3),
-                "holdout_median_ape": round(float(np.median(np.abs(fast / y[test] - 1)) * 100), 3),
+    t_s, t_n = ~is_near[test], is_near[test]
+    r = np.log(y[test][t_s] / fast[t_s])
+    fidelity = {"n_labelled": len(sampled), "n_failed": failed, "n_holdout": int(t_s.sum()),
+                "holdout_mape": round(float(mape(fast[t_s], y[test][t_s])), 3),
+                "holdout_median_ape": round(float(np.median(np.abs(fast[t_s] / y[test][t_s] - 1)) * 100), 3),
                 "log_lower": min(conformal_quantile(r, 0.05), 0.0), "log_upper": max(conformal_quantile(r, 0.95), 0.0),
-                "share_mae": round(float(np.mean(np.abs(probe.predict_shares(X[test]) - S[test]))), 4),
+                "share_mae": round(float(np.mean(np.abs(probe.predict_shares(X[test][t_s]) - S[test][t_s]))), 4),
                 "sampler_seed": seed + 1, "label_seconds": round(label_s, 1)}
-    log(f"distil: {len(y)} runs labelled in {label_s:.0f} s ({failed} failed); held-out fast vs full "
+    fidelity["near"] = {"n_labelled": len(near), "n_failed": near_failed, "n_anchor_groups": groups,
+                        "n_holdout": int(t_n.sum()), "label_seconds": round(near_s, 1)}
+    if t_n.any():
+        fidelity["near"].update(
+            holdout_mape=round(float(mape(fast[t_n], y[test][t_n])), 3),
+            holdout_median_ape=round(float(np.median(np.abs(fast[t_n] / y[test][t_n] - 1)) * 100), 3))
+    log(f"distil: {len(sampled)} sampled runs labelled in {label_s:.0f} s ({failed} failed); held-out fast vs full "
         f"MAPE {fidelity['holdout_mape']:.2f} %, log ratio 90 % in [{fidelity['log_lower']:.3f}, "
         f"{fidelity['log_upper']:.3f}]")
+    if near:
+        near_mape = fidelity["near"].get("holdout_mape", float("nan"))
+        log(f"distil: {len(near)} runs near {groups} measured (model, hardware) pairs labelled in {near_s:.0f} s "
+            f"({near_failed} failed); held-out fast vs full MAPE {near_mape:.2f} %")
     if not all(math.isfinite(fidelity[k]) for k in ("log_lower", "log_upper")):
         raise InputError("distillation: the surrogate's fidelity is not finite")
     return SurrogateRegressor(random_state=seed).fit(X, y, a, S), fidelity

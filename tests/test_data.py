@@ -23,7 +23,8 @@ from learnedperf.data import load_graph, load_records, run_generate, sample_runs
 from learnedperf.data.graphs import EDGE_TYPES, KINDS, PHASES, graph_of
 from learnedperf.data.records import RECORD_COLUMNS
 from learnedperf.data.generate import generate_shard
-from learnedperf.data.sampler import FAMILIES, draw, states_lower_bound_GiB
+from learnedperf.data.sampler import (FAMILIES, NEAR_STYLE_KEYS, anchor_groups, draw, sample_near_runs,
+                                      states_lower_bound_GiB)
 from learnedperf.data.splits import SPLITS
 from learnedperf.errors import InputError
 from learnedperf.graph.execution import compile_run
@@ -138,6 +139,57 @@ def test_sample_covers_families_devices_scales_and_strategies():
     assert any("cluster" in r["hardware"] for r in runs)
     assert any(isinstance(r["hardware"].get("device"), dict) for r in runs)  # synthetic devices
     assert len({s.hardware.device.name for s in specs if not s.hardware.device.name.startswith("synthetic")}) >= 15
+
+
+#: measured-looking anchors: vTrain's habits on a DGX A100 node, and a forward-only fp32 step on one V100
+_VTRAIN_ANCHOR = {"model": {"arch": "gpt", "name": "vtrain-gpt", "num_layers": 16, "hidden_size": 2048,
+                            "num_attention_heads": 16, "seq_length": 1024, "vocab_size": 50257},
+                  "hardware": {"cluster": "dgx-a100", "num_devices": 8},
+                  "strategy": {"tp": 2, "pp": 2, "dp": 2, "micro_batch_size": 2, "global_batch_size": 32,
+                               "precision": "fp16", "recompute": "full", "flash_attention": False,
+                               "overlap_grad_reduce": False}}
+_INFER_ANCHOR = {"model": "gpt2-medium", "hardware": {"device": "V100-PCIE-32GB", "num_devices": 1},
+                 "strategy": {"micro_batch_size": 4, "global_batch_size": 4, "precision": "fp32",
+                              "forward_only": True, "optimizer": "none"}}
+
+
+def _pair(run: dict) -> str:
+    return json.dumps([run["model"], run["hardware"]], sort_keys=True)
+
+
+def test_near_runs_keep_an_anchors_model_and_hardware_and_draw_their_own_strategies():
+    anchors = [_VTRAIN_ANCHOR, {**_VTRAIN_ANCHOR, "strategy": {**_VTRAIN_ANCHOR["strategy"], "tp": 4, "pp": 1}},
+               _INFER_ANCHOR]
+    assert len(anchor_groups(anchors)) == 2  # two (model, hardware) pairs
+    near = list(sample_near_runs(40, anchors, seed=3))
+    assert near == list(sample_near_runs(40, anchors, seed=3))
+    assert list(sample_near_runs(5, anchors, seed=3, start=35)) == near[35:]
+    assert [r["id"] for _, r in near] == [f"near-3-{i}" for i in range(40)]
+    assert not {run_id(r) for _, r in near} & {run_id(r) for _, r in sample_runs(40, seed=3)}
+    by_pair: dict = {}
+    for _i, run in near:
+        spec = RunSpec.from_dict(json.loads(json.dumps(run)))
+        assert peak_memory(compile_run(spec)).total / GiB <= spec.hardware.device.memory_GiB
+        by_pair.setdefault(_pair(run), []).append(run["strategy"])
+    assert set(by_pair) == {_pair(_VTRAIN_ANCHOR), _pair(_INFER_ANCHOR)}
+    # strategies of their own: other layouts than the anchors' ...
+    vt = by_pair[_pair(_VTRAIN_ANCHOR)]
+    assert len({(s["tp"], s["pp"], s["dp"]) for s in vt}) >= 3
+    # ... half of them in the anchor's own style (fp16, full recompute, no fused attention, no overlap)
+    style = {k: v for k, v in _VTRAIN_ANCHOR["strategy"].items() if k in NEAR_STYLE_KEYS}
+    kept = [s for s in vt if all(s.get(k) == v for k, v in style.items())]
+    assert 0 < len(kept) < len(vt)
+    # the forward-only anchor's style makes forward-only steps, valid with whatever layout was drawn
+    infer = by_pair[_pair(_INFER_ANCHOR)]
+    assert any(s.get("forward_only") for s in infer) and any(not s.get("forward_only") for s in infer)
+
+
+@pytest.mark.parametrize("anchors, match", [([], "no runs"), ("runs.jsonl", "expected a list"),
+                                             ([_INFER_ANCHOR, 3], r"anchors\[1\]: expected a run object"),
+                                             ([{**_INFER_ANCHOR, "model": "gpt-9"}], r"anchors\[0\]: not a valid run")])
+def test_bad_anchors_are_refused_by_name(anchors, match):
+    with pytest.raises(InputError, match=match):
+        list(sample_near_runs(2, anchors))
 
 
 # ================================================================ generation

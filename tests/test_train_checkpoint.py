@@ -34,7 +34,8 @@ def data(tmp_path_factory) -> Path:
 def gnn_checkpoint(data, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("ck") / "gnn"
     assert main(["train", "--data", str(data), "--out", str(out), "--method", "gnn_residual", "--no-progress",
-                 "--limit-simulated", "20", "--surrogate-runs", "300", *TINY_GNN]) == 0
+                 "--limit-simulated", "20", "--surrogate-runs", "300", "--surrogate-near-runs", "100",
+                 *TINY_GNN]) == 0
     return out
 
 
@@ -67,6 +68,13 @@ def test_evaluate_rejects_unknown_method(data, capsys):
 def test_train_needs_method_or_report(data, tmp_path, capsys):
     assert main(["train", "--data", str(data), "--out", str(tmp_path / "c")]) == 2
     assert "--evaluation" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--surrogate-runs", "--surrogate-near-runs"])
+def test_train_refuses_a_negative_surrogate_run_count(data, tmp_path, capsys, flag):
+    assert main(["train", "--data", str(data), "--out", str(tmp_path / "c"), "--method", "simulator",
+                 flag, "-5"]) == 2
+    assert f"{flag}: expected a number >= 0, got -5" in capsys.readouterr().err
 
 
 def test_simulator_checkpoint_predicts_the_simulator(data, tmp_path, capsys):
@@ -113,7 +121,7 @@ def test_train_with_evaluation_widens_novel_runs(data, tmp_path, capsys):
     assert lo_out <= lo_in and hi_out >= hi_in
 
 
-def test_gnn_checkpoint_round_trip(gnn_checkpoint, tmp_path, capsys):
+def test_gnn_checkpoint_round_trip(gnn_checkpoint, data, tmp_path, capsys):
     manifest = json.loads((gnn_checkpoint / MANIFEST).read_text())
     assert manifest["method"] == "gnn_residual"
     assert "gnn/gnn.safetensors" in manifest["files"] and not list(gnn_checkpoint.rglob("*.pt"))
@@ -137,10 +145,27 @@ def test_gnn_checkpoint_round_trip(gnn_checkpoint, tmp_path, capsys):
     # the fast tier, distilled from this checkpoint's full tier: same memory, time within its fidelity bounds
     fid = manifest["surrogate_fidelity"]
     assert fid["n_labelled"] + fid["n_failed"] == 300 and fid["log_lower"] <= 0 <= fid["log_upper"]
+    # and on 100 runs near the data set's measured ones, one of each (model, hardware) pair they have
+    near = fid["near"]
+    assert near["n_labelled"] + near["n_failed"] == 100 and near["n_holdout"] > 0 and near["holdout_mape"] >= 0
+    df = load_records(data, sources=("measured",))
+    used = df[df.graph_shard.notna() & (df.sim_iteration_time_ms > 0) & (df.iteration_time_ms > 0)]
+    pairs = {json.dumps([(r := json.loads(x))["model"], r["hardware"]], sort_keys=True) for x in used.run}
+    assert near["n_anchor_groups"] == len(pairs) > 10
     assert main(["predict", "--checkpoint", str(gnn_checkpoint), "--run", str(run), "--format", "json"]) == 0
     fast = json.loads(capsys.readouterr().out)
     assert fast["source"] == pred["source"] + ":fast" and fast["peak_memory_GiB"] == pred["peak_memory_GiB"]
     assert fast["interval_ms"][0] <= fast["iteration_time_ms"] <= fast["interval_ms"][1]
+
+
+def test_distillation_near_no_anchors_or_bad_ones_is_refused_before_labelling(gnn_checkpoint):
+    from learnedperf.predict import Predictor, distil_surrogate
+
+    predictor = Predictor.load(gnn_checkpoint)
+    with pytest.raises(InputError, match="needs anchor runs"):
+        distil_surrogate(predictor, n=100, n_near=10, anchors=[])
+    with pytest.raises(InputError, match=r"anchors\[0\]: not a valid run"):
+        distil_surrogate(predictor, n=100, n_near=10, anchors=[{**RUN, "strategy": {"tp": 3}}])
 
 
 def _copy(src: Path, tmp_path: Path) -> Path:

@@ -55,7 +55,7 @@ import hashlib
 import math
 import random
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 from ..errors import InputError, LearnedPerfError, SpecError
 
@@ -474,6 +474,55 @@ def states_lower_bound_GiB(spec: Any) -> float:
     return sum(sharded_state_bytes(s, dense_params, expert_params)) / 2**30
 
 
+@dataclass
+class _Tries:
+    """Candidates drawn for one index so far, acceptable ones still to pass over, and rejections by reason."""
+
+    skip: int = 0
+    attempts: int = 0
+    rejections: dict[str, int] = field(default_factory=dict)
+
+    def reject(self, reason: str) -> None:
+        self.rejections[reason] = self.rejections.get(reason, 0) + 1
+
+
+def _place(rng: random.Random, index: int, run_id: str, model: Any, mspec: Any, hw: dict, strategy: dict,
+           keep_oom: bool, tries: _Tries) -> Optional[Sample]:
+    """The run of ``strategy`` (or of up to three less memory-hungry variants of it) on a drawn model and
+    hardware if it is valid and fits (or ``keep_oom``), else None; every candidate is counted in ``tries``."""
+    from ..graph.execution import compile_run
+    from ..simulate.memory import memory_microbatches, peak_memory
+    from ..specs import RunSpec
+    from ..units import GiB
+
+    for _relief in range(4):  # the same model and hardware with less memory-hungry settings
+        tries.attempts += 1
+        run = {"model": model, "hardware": hw, "strategy": strategy, "id": run_id}
+        try:
+            # resolved model and hardware specs stand in for their JSON (same checks, no second parse)
+            spec = RunSpec.from_dict({**run, "model": mspec, "hardware": _hardware_spec(hw)})
+        except SpecError as exc:
+            tries.reject(f"invalid: {exc.field or 'run'}")
+            return None
+        mem_GiB = spec.hardware.device.memory_GiB
+        if keep_oom or states_lower_bound_GiB(spec) <= mem_GiB:
+            eg = compile_run(spec, memory_microbatches(spec))
+            fits = peak_memory(eg).total / GiB <= mem_GiB
+        else:
+            eg, fits = None, False
+        if (fits or keep_oom) and tries.skip > 0:
+            tries.skip -= 1
+            return None
+        if fits or keep_oom:
+            return Sample(index, run, spec, eg, fits, tries.attempts, tries.rejections)
+        tries.reject("does not fit in memory")
+        relieved = _memory_relief(rng, strategy)
+        if relieved == strategy:
+            return None
+        strategy = relieved
+    return None
+
+
 def draw(seed: int, index: int, keep_oom: bool = False, skip: int = 0) -> Sample:
     """The ``index``-th run of ``seed`` (see the module docstring).
 
@@ -483,16 +532,10 @@ def draw(seed: int, index: int, keep_oom: bool = False, skip: int = 0) -> Sample
     Raises:
         LearnedPerfError: no acceptable candidate in :data:`MAX_ATTEMPTS` draws (a sampler bug).
     """
-    from ..graph.execution import compile_run
-    from ..simulate.memory import memory_microbatches, peak_memory
-    from ..specs import RunSpec
-    from ..units import GiB
-
     rng = index_rng(seed, index)
     family = FAMILIES[index % len(FAMILIES)]
-    rejections: dict[str, int] = {}
-    attempts = 0
-    while attempts < MAX_ATTEMPTS:
+    tries = _Tries(skip=skip)
+    while tries.attempts < MAX_ATTEMPTS:
         hw, device, _base = _draw_hardware(rng)
         dpn = hw.get("devices_per_node")
         if dpn is None:  # a named cluster
@@ -505,37 +548,116 @@ def draw(seed: int, index: int, keep_oom: bool = False, skip: int = 0) -> Sample
         try:
             mspec = _model_spec(model)
         except SpecError as exc:
-            attempts += 1
-            rejections[f"invalid: {exc.field or 'model'}"] = rejections.get(f"invalid: {exc.field or 'model'}", 0) + 1
+            tries.attempts += 1
+            tries.reject(f"invalid: {exc.field or 'model'}")
             continue
         strategy = _draw_strategy(rng, mspec, device, n, dpn)
-        for relief in range(4):  # the same model and hardware with less memory-hungry settings
-            attempts += 1
-            run = {"model": model, "hardware": hw, "strategy": strategy, "id": f"gen-{seed}-{index}"}
-            try:
-                # resolved model and hardware specs stand in for their JSON (same checks, no second parse)
-                spec = RunSpec.from_dict({**run, "model": mspec, "hardware": _hardware_spec(hw)})
-            except SpecError as exc:
-                key = f"invalid: {exc.field or 'run'}"
-                rejections[key] = rejections.get(key, 0) + 1
-                break
-            mem_GiB = spec.hardware.device.memory_GiB
-            if keep_oom or states_lower_bound_GiB(spec) <= mem_GiB:
-                eg = compile_run(spec, memory_microbatches(spec))
-                fits = peak_memory(eg).total / GiB <= mem_GiB
-            else:
-                eg, fits = None, False
-            if (fits or keep_oom) and skip > 0:
-                skip -= 1
-                break
-            if fits or keep_oom:
-                return Sample(index, run, spec, eg, fits, attempts, rejections)
-            rejections["does not fit in memory"] = rejections.get("does not fit in memory", 0) + 1
-            relieved = _memory_relief(rng, strategy)
-            if relieved == strategy:
-                break
-            strategy = relieved
+        sample = _place(rng, index, f"gen-{seed}-{index}", model, mspec, hw, strategy, keep_oom, tries)
+        if sample is not None:
+            return sample
     raise LearnedPerfError(f"sampler: no valid run for seed {seed} index {index} in {MAX_ATTEMPTS} draws")
+
+
+#: Strategy keys that say how a framework runs a step rather than how the devices are laid out: a run near a
+#: measured one takes them from it half the time (``_NEAR_STYLE_SHARE``), so that runs near the measured ones
+#: keep their framework's habits (vTrain's fp16 without fused attention or overlapped reduction, say)
+NEAR_STYLE_KEYS = ("precision", "mixed_precision", "flash_attention", "overlap_grad_reduce", "grad_reduce_precision",
+                   "recompute", "optimizer", "forward_only")
+#: share of near runs that keep their anchor's style keys: a sampling choice (half keep them, half explore the
+#: sampler's), not a measured share
+_NEAR_STYLE_SHARE = 0.5
+
+
+def anchor_groups(anchors: Any) -> list[list[dict]]:
+    """Anchor runs grouped by their (model, hardware), in a deterministic order.
+
+    Args:
+        anchors: run-format dicts (measured runs, say); each must be a valid run.
+
+    Raises:
+        InputError: no anchors, or an anchor that is not a valid run (naming its position and field).
+    """
+    from ..measure.records import canonical_json
+    from ..specs import RunSpec
+
+    if isinstance(anchors, (str, bytes, dict)) or not hasattr(anchors, "__iter__"):
+        raise InputError(f"anchors: expected a list of runs, got {type(anchors).__name__}")
+    groups: dict[str, list[dict]] = {}
+    for i, run in enumerate(anchors):
+        if not isinstance(run, dict):
+            raise InputError(f"anchors[{i}]: expected a run object, got {type(run).__name__}")
+        try:
+            RunSpec.from_dict(run)
+        except SpecError as exc:
+            raise InputError(f"anchors[{i}]: not a valid run: {exc}") from None
+        key = canonical_json([run["model"], run["hardware"]])
+        groups.setdefault(key, []).append(run)
+    if not groups:
+        raise InputError("anchors: no runs to draw near")
+    return [sorted(groups[k], key=canonical_json) for k in sorted(groups)]
+
+
+def _take_style(s: dict, anchor: dict) -> None:
+    """Give strategy ``s`` the anchor strategy's :data:`NEAR_STYLE_KEYS` (its defaults where it leaves them
+    out), then undo what they make invalid, as the sampler's own draws avoid it."""
+    for key in NEAR_STYLE_KEYS:
+        s.pop(key, None)
+        if key in anchor:
+            s[key] = anchor[key]
+    if s.get("forward_only"):
+        _forward_only(s)
+        if s.get("pipeline_schedule") == "zb-h1":
+            s["pipeline_schedule"] = "1f1b"  # no backward to split
+    elif s.get("optimizer") == "none" and not s.get("fsdp") and s.get("zero_stage", 0) in (1, 2):
+        s.pop("zero_stage")  # ZeRO-1/2 shard only optimizer states and gradients
+        s.pop("dp_replicate", None)
+    if s.get("overlap_grad_reduce") is False and _per_layer_sharding(s):
+        s.pop("overlap_grad_reduce")  # see _draw_strategy
+
+
+def draw_near(seed: int, index: int, groups: list[list[dict]], keep_oom: bool = False) -> Sample:
+    """The ``index``-th run of ``seed`` near the anchors (:func:`anchor_groups`): the model and hardware of
+    one anchor, a (model, hardware) pair chosen uniformly, with a strategy drawn as :func:`draw` draws one
+    (tp, pp, dp, cp, ep, schedule, ZeRO/FSDP, micro-batching, ...), half the time with the anchor's own
+    :data:`NEAR_STYLE_KEYS`. It has a random stream of its own, independent of :func:`draw`'s, and the id
+    ``near-<seed>-<index>``.
+
+    Raises:
+        LearnedPerfError: no acceptable candidate in :data:`MAX_ATTEMPTS` draws.
+    """
+    from ..units import PRECISIONS
+
+    digest = hashlib.sha256(f"learnedperf-sampler-near-{SAMPLER_VERSION}:{seed}:{index}".encode()).digest()
+    rng = random.Random(int.from_bytes(digest[:16], "big"))
+    tries = _Tries()
+    while tries.attempts < MAX_ATTEMPTS:
+        group = groups[rng.randrange(len(groups))]
+        anchor = group[rng.randrange(len(group))]
+        model, hw = anchor["model"], dict(anchor["hardware"])
+        hspec, mspec = _hardware_spec(hw), _model_spec(model)
+        device = {"peak_tflops": {p: hspec.device.peak_tflops.get(p) for p in PRECISIONS}}
+        strategy = _draw_strategy(rng, mspec, device, hspec.num_devices, hspec.node_size)
+        if rng.random() < _NEAR_STYLE_SHARE:
+            _take_style(strategy, anchor.get("strategy") or {})
+        sample = _place(rng, index, f"near-{seed}-{index}", model, mspec, hw, strategy, keep_oom, tries)
+        if sample is not None:
+            return sample
+    raise LearnedPerfError(f"sampler: no valid run near the anchors for seed {seed} index {index} in "
+                           f"{MAX_ATTEMPTS} draws")
+
+
+def sample_near_runs(n: int, anchors: Any, seed: int = 0, keep_oom: bool = False,
+                     start: int = 0) -> Iterator[tuple[int, dict]]:
+    """Yield ``(index, run_dict)`` of :func:`draw_near` for indices ``start .. start+n-1`` near ``anchors``.
+
+    As :func:`sample_runs`: the ``i``-th run depends only on ``(seed, i)`` and the anchors; each run is valid,
+    fits unless ``keep_oom``, and carries the id ``near-<seed>-<index>``.
+    """
+    n = check_count(n, "n", minimum=0)
+    seed = check_seed(seed)
+    groups = anchor_groups(anchors)
+    for i in range(start, start + n):
+        yield i, draw_near(seed, i, groups, keep_oom).run
 
 
 def sample_runs(n: int, seed: int = 0, keep_oom: bool = False, start: int = 0) -> Iterator[tuple[int, dict]]:
