@@ -145,7 +145,7 @@ def test_gnn_checkpoint_round_trip(gnn_checkpoint, data, tmp_path, capsys):
     # the fast tier, distilled from this checkpoint's full tier: same memory, time within its fidelity bounds
     fid = manifest["surrogate_fidelity"]
     assert fid["n_labelled"] + fid["n_failed"] == 300 and fid["log_lower"] <= 0 <= fid["log_upper"]
-    # and on 100 runs near the data set's measured ones, one of each (model, hardware) pair they have
+    # and on 100 runs near the data set's measured ones, anchored on every (model, hardware) pair they have
     near = fid["near"]
     assert near["n_labelled"] + near["n_failed"] == 100 and near["n_holdout"] > 0 and near["holdout_mape"] >= 0
     df = load_records(data, sources=("measured",))
