@@ -32,19 +32,19 @@ import numpy as np
 
 def sources() -> dict[str, list[tuple[dict, float]]]:
     """(run, measured ms) of every source, transformer runs only (what the tiers answer)."""
-    from learnedperf.data.generate import TRANSFORMER_ARCHS, _neusight_steps, _vtrain_steps, repo_measured_dir
-    from learnedperf.measure.public import default_shared_data
-    from learnedperf.measure.published import load_published
     import pandas as pd
 
+    from learnedperf.data.generate import PUBLIC_STEPS, TRANSFORMER_ARCHS, _step_files, repo_measured_dir
+    from learnedperf.measure.public import default_shared_data
+    from learnedperf.measure.published import load_published
+
     out: dict[str, list[tuple[dict, float]]] = {}
-    out["vtrain (in-sample)"] = [(json.loads(s["run"]), s["iteration_time_ms"]) for s in _vtrain_steps()]
-    out["neusight (in-sample)"] = [(json.loads(s["run"]), s["iteration_time_ms"]) for s in _neusight_steps()]
-    for d in sorted(p for p in repo_measured_dir().iterdir() if p.is_dir()):
-        for f in sorted(d.glob("steps*.parquet")):
-            rows = pd.read_parquet(f).to_dict("records")
-            out[f"{d.name} (in-sample)"] = [(json.loads(r["run"]), r["iteration_time_ms"]) for r in rows
-                                           if r.get("arch") in TRANSFORMER_ARCHS]
+    for origin, (_file, loader) in PUBLIC_STEPS.items():
+        out[f"{origin} (in-sample)"] = [(json.loads(s["run"]), s["iteration_time_ms"]) for s in loader()]
+    for f, origin in _step_files([str(repo_measured_dir())]):
+        rows = pd.read_parquet(f).to_dict("records")
+        out.setdefault(f"{origin.rsplit('/', 1)[-1]} (in-sample)", []).extend(
+            (json.loads(r["run"]), r["iteration_time_ms"]) for r in rows if r.get("arch") in TRANSFORMER_ARCHS)
     for table in sorted((default_shared_data() / "published").glob("*.csv")):
         out[f"{table.stem} (held out)"] = [(m.run, m.iteration_time_ms) for m in load_published(table).runs]
     return out

@@ -664,7 +664,7 @@ def distil_surrogate(predictor: Predictor, n: int = 20000, seed: int = 0, holdou
 
     import numpy as np
 
-    from .data.sampler import sample_near_runs, sample_runs
+    from .data.sampler import anchor_groups, draw_near, sample_runs
     from .models.intervals import conformal_quantile
     from .models.metrics import mape
     from .models.surrogate import BREAKDOWN_PARTS, SurrogateRegressor
@@ -693,20 +693,20 @@ def distil_surrogate(predictor: Predictor, n: int = 20000, seed: int = 0, holdou
     def arrays(rows: list) -> tuple:
         return tuple(np.asarray([r[k] for r in rows], dtype=float) for k in range(4))
 
-    groups = 0
+    groups: list = []
     if n_near > 0:
-        from .data.sampler import anchor_groups
-
         if not anchors:
             raise InputError("distillation: n_near > 0 needs anchor runs to draw near")
-        groups = len(anchor_groups(anchors))  # bad anchors are refused before any labelling
+        groups = anchor_groups(anchors)  # bad anchors are refused before any labelling
     sampled, failed, label_s = label(sample_runs(n, seed=seed + 1), n, "distil")
     if len(sampled) < 50:
         raise InputError(f"distillation: only {len(sampled)} of {n} sampled runs could be labelled")
     near: list = []
     near_failed, near_s = 0, 0.0
     if n_near > 0:
-        near, near_failed, near_s = label(sample_near_runs(n_near, anchors, seed=seed + 1), n_near, "distil near")
+        # sample_near_runs' draws, on the groups made above
+        near_runs = ((i, draw_near(seed + 1, i, groups).run) for i in range(n_near))
+        near, near_failed, near_s = label(near_runs, n_near, "distil near")
     X, a, y, S = arrays(sampled + near)
     is_near = np.arange(len(y)) >= len(sampled)
     rng = np.random.default_rng(seed)
@@ -721,7 +721,7 @@ def distil_surrogate(predictor: Predictor, n: int = 20000, seed: int = 0, holdou
                 "log_lower": min(conformal_quantile(r, 0.05), 0.0), "log_upper": max(conformal_quantile(r, 0.95), 0.0),
                 "share_mae": round(float(np.mean(np.abs(probe.predict_shares(X[test][t_s]) - S[test][t_s]))), 4),
                 "sampler_seed": seed + 1, "label_seconds": round(label_s, 1)}
-    fidelity["near"] = {"n_labelled": len(near), "n_failed": near_failed, "n_anchor_groups": groups,
+    fidelity["near"] = {"n_labelled": len(near), "n_failed": near_failed, "n_anchor_groups": len(groups),
                         "n_holdout": int(t_n.sum()), "label_seconds": round(near_s, 1)}
     if t_n.any():
         fidelity["near"].update(
@@ -732,7 +732,7 @@ def distil_surrogate(predictor: Predictor, n: int = 20000, seed: int = 0, holdou
         f"{fidelity['log_upper']:.3f}]")
     if near:
         near_mape = fidelity["near"].get("holdout_mape", float("nan"))
-        log(f"distil: {len(near)} runs near {groups} measured (model, hardware) pairs labelled in {near_s:.0f} s "
+        log(f"distil: {len(near)} runs near {len(groups)} measured (model, hardware) pairs labelled in {near_s:.0f} s "
             f"({near_failed} failed); held-out fast vs full MAPE {near_mape:.2f} %")
     if not all(math.isfinite(fidelity[k]) for k in ("log_lower", "log_upper")):
         raise InputError("distillation: the surrogate's fidelity is not finite")

@@ -737,10 +737,11 @@ def _zero_bubble(raw: str, text: str, assumed: list) -> dict:
     _kind, why = named[0]
     if why is not None:
         raise _Skip(f"{head}; {why}")
-    depth = _ZB_DEPTH.search(text)
-    if depth and int(depth.group(1) or depth.group(2)) > 1:
+    found = _ZB_DEPTH.search(text)
+    depth = int(found.group(1) or found.group(2)) if found else 1
+    if depth > 1:
         raise _Skip(f"vpp_or_schedule {raw!r}: ZB-H1 places one model chunk on each rank, but the row states "
-                    f"{int(depth.group(1) or depth.group(2))} virtual stages; zb-h1 needs virtual_pipeline_stages 1")
+                    f"{depth} virtual stages; zb-h1 needs virtual_pipeline_stages 1")
     if _ZB_1P.search(text):
         assumed.append("zb-h1 for ZB-1p (the paper's automatic schedule within 1F1B's activation memory)")
     return {"pipeline_schedule": "zb-h1"}

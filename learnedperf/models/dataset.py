@@ -110,6 +110,18 @@ def learned_node_times_s(graph: dict, spec: Any, regressor: Any):
     return out
 
 
+def unusable_reason(shard: Any, sim_ms: Any, time_ms: Any) -> Optional[str]:
+    """Why a record (its ``graph_shard``, ``sim_iteration_time_ms`` and ``iteration_time_ms``) cannot train or
+    test a method, or None when it can."""
+    if shard is None or shard != shard:
+        return "no execution graph"
+    if sim_ms is None or not sim_ms == sim_ms or sim_ms <= 0:
+        return "the simulator has no answer"
+    if time_ms is None or not time_ms == time_ms or time_ms <= 0:
+        return "no positive iteration_time_ms"
+    return None
+
+
 def load_runs(data_dir: str | Path, op_regressor: Any = None, sources: tuple[str, ...] = ("simulated", "measured"),
               limit_simulated: Optional[int] = None, progress: bool = False, node_times: bool = True) -> Runs:
     """Read the usable runs of the data set ``data_dir``.
@@ -139,15 +151,10 @@ def load_runs(data_dir: str | Path, op_regressor: Any = None, sources: tuple[str
         df = df.drop(sim_rows[limit_simulated:])
     dropped: Counter = Counter()
     keep = np.ones(len(df), dtype=bool)
-    for i, (shard, sim, y) in enumerate(zip(df["graph_shard"], df["sim_iteration_time_ms"], df["iteration_time_ms"])):
-        if shard is None or shard != shard:
-            dropped["no execution graph"] += 1
-            keep[i] = False
-        elif sim is None or not sim == sim or sim <= 0:
-            dropped["the simulator has no answer"] += 1
-            keep[i] = False
-        elif y is None or not y == y or y <= 0:
-            dropped["no positive iteration_time_ms"] += 1
+    for i, cols in enumerate(zip(df["graph_shard"], df["sim_iteration_time_ms"], df["iteration_time_ms"])):
+        reason = unusable_reason(*cols)
+        if reason is not None:
+            dropped[reason] += 1
             keep[i] = False
     df = df[keep].reset_index(drop=True)
     if len(df) == 0:

@@ -152,21 +152,17 @@ def fit_model(data_dir: str | Path, method: str, gnn_params: Optional[dict] = No
 
 
 def measured_runs(data_dir: str | Path) -> list[dict]:
-    """The measured runs of a data set that the methods train on (a positive time, an execution graph and
-    the simulator's answer: the rows :func:`~learnedperf.models.dataset.load_runs` keeps), as run dicts."""
+    """The measured runs of a data set that the methods train on (the rows
+    :func:`~learnedperf.models.dataset.load_runs` keeps: :func:`~learnedperf.models.dataset.unusable_reason`),
+    as run dicts."""
     import json
 
     from ..data.store import load_records
+    from .dataset import unusable_reason
 
     df = load_records(Path(data_dir), sources=("measured",), check=True)
-    out = []
-    for run, shard, sim, y in zip(df["run"], df["graph_shard"], df["sim_iteration_time_ms"], df["iteration_time_ms"]):
-        if shard is None or shard != shard or sim is None or not sim == sim or sim <= 0:
-            continue
-        if y is None or not y == y or y <= 0:
-            continue
-        out.append(json.loads(run))
-    return out
+    return [json.loads(run) for run, *cols in zip(df["run"], df["graph_shard"], df["sim_iteration_time_ms"],
+                                                   df["iteration_time_ms"]) if unusable_reason(*cols) is None]
 
 
 __all__ = ["CHOICE_SPLITS", "choose_method", "data_description", "fit_model", "fit_op_regressor", "measured_runs",
