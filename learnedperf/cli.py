@@ -61,6 +61,7 @@ _STRATEGY_FLAGS = {
     "sequence_parallel": "sequence_parallel", "precision": "precision",
     "mixed_precision": "mixed_precision", "flash_attention": "flash_attention", "optimizer": "optimizer",
     "forward_only": "forward_only", "moe_dispatcher": "moe_dispatcher", "overlap_moe_comm": "overlap_moe_comm",
+    "moe_capacity_factor": "moe_capacity_factor",
 }
 # flag dest -> key of the run format's "hardware" object
 _HARDWARE_FLAGS = {"device": "device", "cluster": "cluster", "num_devices": "num_devices",
@@ -160,6 +161,10 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--overlap-moe-comm", action="store_const", const=True,
                    help="expert all-to-alls run beside another micro-batch's computation (DualPipe, Megatron-Core's "
                         "overlap_moe_expert_parallel_comm)")
+    m.add_argument("--moe-capacity-factor", type=float, metavar="F",
+                   help="expert capacity factor: each expert processes F times its balanced share of tokens, "
+                        "padded (Megatron-Core's moe_expert_capacity_factor with padding; for a dropless router, "
+                        "its max/mean expert load)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -481,6 +486,8 @@ def _table(pred: dict, run: Any) -> str:
         knobs.append(f"{s.moe_dispatcher} dispatch")
     if s.overlap_moe_comm:
         knobs.append("all-to-alls overlapped")
+    if s.moe_capacity_factor is not None:
+        knobs.append(f"expert capacity x{s.moe_capacity_factor:g}")
     knobs += [f"micro-batch {s.micro_batch_size}", f"global batch {s.global_batch_size}"]
     if s.pp > 1:
         knobs.append(s.pipeline_schedule + (f" x{s.virtual_pipeline_stages}" if s.virtual_pipeline_stages > 1 else ""))

@@ -113,6 +113,23 @@ def test_expert_dispatch_flags(capsys):
     assert "strategy.overlap_moe_comm" in err and len(err.strip().splitlines()) == 1
 
 
+def test_expert_capacity_flag(capsys):
+    from learnedperf.simulate import simulate
+
+    flags = ["--model", "mixtral-8x7b", "--cluster", CLUSTER, "--num-devices", "16", "--ep", "8", "--tp", "2"]
+    assert main(["simulate", *flags, "--moe-capacity-factor", "1.5", "--format", "json"]) == 0
+    (pred,) = output_lines(capsys.readouterr().out)
+    run = {"model": "mixtral-8x7b", "hardware": {"cluster": CLUSTER, "num_devices": 16},
+           "strategy": {"ep": 8, "tp": 2, "moe_capacity_factor": 1.5}}
+    assert pred["iteration_time_ms"] == pytest.approx(simulate(run).iteration_time_s * 1e3, rel=1e-12)
+    assert main(["simulate", *flags, "--moe-capacity-factor", "1.5"]) == 0
+    assert "expert capacity x1.5" in capsys.readouterr().out
+    # a dense model has no experts to size: one error naming the field
+    assert main(["simulate", *FLAGS, "--moe-capacity-factor", "1.5"]) == 1
+    err = capsys.readouterr().err
+    assert "strategy.moe_capacity_factor" in err and len(err.strip().splitlines()) == 1
+
+
 def test_predict_says_its_source(capsys):
     """predict answers with the shipped checkpoint by default, and names it."""
     assert main(["predict", *FLAGS, "--format", "json"]) == 0

@@ -582,6 +582,19 @@ def test_mixtral_style_expert_count_in_the_name_and_unstated_top_k_is_assumed(tm
     assert got.runs[0].run["model"]["arch"] == "gpt"
 
 
+@pytest.mark.parametrize("name, notes, factor", [
+    ("GPT 1.3B MoE", "64 experts, top-1, capacity factor 1.25", 1.25),
+    ("Mixtral-8x7B", "Megatron-Core, moe_expert_capacity_factor=2, padded to capacity", 2.0),
+    ("Mixtral-8x7B", "dropless", None),
+    ("GPT 1.3B", "dense baseline of the capacity factor 2.0 runs", None),  # a dense model has no experts to size
+])
+def test_a_stated_capacity_factor_sizes_the_experts(tmp_path, name, notes, factor):
+    got = load_published(_hybrid_table(tmp_path, {"num_gpus": "8", "model": name, "notes": notes}))
+    (m,) = got.runs
+    assert m.run["strategy"].get("moe_capacity_factor") == factor
+    assert RunSpec.from_dict(m.run).strategy.moe_capacity_factor == factor
+
+
 @pytest.mark.parametrize("name, notes, reason", [
     ("Some MoE 2B", "", "states no expert count"),
     ("DeepSeek-V3.2-Exp", "", "shared experts"),  # not the catalog's DeepSeek-V3: sparse attention besides

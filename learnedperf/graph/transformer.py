@@ -9,6 +9,7 @@ and inserts the collectives.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..specs import ModelSpec, RunSpec
@@ -33,6 +34,7 @@ class Shard:
     ep: int = 1
     autocast: bool = False  # fp32 weights cast to ``dtype`` at every GEMM (torch.autocast)
     deepep: bool = False  # tokens dispatched once per rank and per node (Strategy.moe_dispatcher 'deepep')
+    expert_load: float = 1.0  # the busiest expert's rows over the balanced share (Strategy.moe_capacity_factor)
 
     @property
     def e(self) -> int:
@@ -68,7 +70,8 @@ def shard_for(run: RunSpec, tp_group: Group, cp_group: Group, ep_group: Group) -
     return Shard(b=s.micro_batch_size, s=m.seq_length // s.cp, s_kv=m.seq_length, tp=s.tp,
                  sp=s.sequence_parallel and s.tp > 1, dtype=s.precision, flash=s.flash_attention,
                  tp_group=tp_group, cp_group=cp_group, ep_group=ep_group, ep=s.ep, autocast=s.autocast,
-                 deepep=s.moe_dispatcher == "deepep")
+                 deepep=s.moe_dispatcher == "deepep",
+                 expert_load=1.0 if s.moe_capacity_factor is None else s.moe_capacity_factor)
 
 
 def expert_alltoall(name: str, model: ModelSpec, sh: Shard, tokens: int, row_bytes: int, dtype: str) -> list[Op]:
@@ -81,9 +84,13 @@ def expert_alltoall(name: str, model: ModelSpec, sh: Shard, tokens: int, row_byt
     arXiv 2412.19437, section 3.2.2). Its volumes are the expected numbers of distinct ranks and nodes a
     token's experts lie on (:meth:`ModelSpec.expected_parts_per_token`: uniform, group-limited routing); an
     all-to-all of ``n`` ranks moves ``(n-1)/n`` of its buffer off the rank, which is by symmetry the share of
-    a token's ranks (or nodes) that are not the sender's.
+    a token's ranks (or nodes) that are not the sender's. An expert load above balance (``sh.expert_load``)
+    scales every volume: capacity-padded buffers are sent whole, and without padding the all-to-all ends when
+    the busiest rank has received its share.
     """
     g = sh.ep_group
+    if sh.expert_load != 1.0:
+        row_bytes = row_bytes * sh.expert_load
     if not sh.deepep:
         return [comm(name, "alltoall", "fwd", tokens * model.moe_top_k * row_bytes, g, dtype)]
     ranks = model.expected_parts_per_token(g.size)
@@ -244,11 +251,17 @@ def layer_forward(model: ModelSpec, sh: Shard, moe: bool = False, prefix: str = 
             ops.extend(expert_alltoall(f"{prefix}.moe.dispatch", model, sh, T, h * e, dt))
         local_experts = E // sh.ep
         rows = max(1, routed // local_experts)  # tokens per local expert (balanced routing)
+        expert_rows = routed  # rows through this rank's experts
+        if sh.expert_load != 1.0:
+            # the busiest rank's experts: a capacity-padded expert's rows, or a dropless router's largest load;
+            # the whole layer waits for it (Megatron-Core's get_capacity: ceil(tokens·k/E · factor))
+            rows = max(1, math.ceil(routed * sh.expert_load / local_experts))
+            expert_rows = rows * local_experts
         # the router already cast the tokens for autocast: only the expert weights are new; fp8 casts the
         # dispatched tokens whole
         linear(f"{prefix}.mlp.fc1", rows, up, h, fused=False, batch=local_experts)
-        ops.append(elementwise(f"{prefix}.mlp.act", "elementwise", "fwd", routed * f_local, 2 if gated else 1, 1,
-                               e, dt, 8.0, f_local))
+        ops.append(elementwise(f"{prefix}.mlp.act", "elementwise", "fwd", expert_rows * f_local, 2 if gated else 1,
+                               1, e, dt, 8.0, f_local))
         linear(f"{prefix}.mlp.fc2", rows, h, f_local, batch=local_experts)
         if sh.ep > 1:
             ops.extend(expert_alltoall(f"{prefix}.moe.combine", model, sh, T, h * e, dt))

@@ -804,6 +804,8 @@ def _strategy(row: dict, model: dict, num_gpus: int, per_node: int, assumed: lis
     if ep > 1:
         s["ep"] = ep
         s.update(_expert_dispatch(row))
+    if model.get("arch") == "moe":
+        s.update(_capacity_factor(row))
     if _flag(row, "sp"):
         s["sequence_parallel"] = True
     # a run on part of one node is that node: its data-parallel ranks all share it
@@ -834,6 +836,18 @@ def _expert_dispatch(row: dict) -> dict:
     if _A2A_OVERLAP.search(text):
         out["overlap_moe_comm"] = True
     return out
+
+
+# an expert capacity factor as configs and papers state it ("capacity factor 1.25", moe_expert_capacity_factor=2)
+_CAPACITY = re.compile(r"capacity[\s_-]*factor\s*(?:of\s+|=\s*|:\s*)?(\d+(?:\.\d+)?)\b")
+
+
+def _capacity_factor(row: dict) -> dict:
+    """``moe_capacity_factor`` where a MoE row's words state one (GShard, Switch, Megatron-Core's
+    moe_expert_capacity_factor); nothing where they do not: dropless, balanced routing."""
+    text = " ".join(_cell(row, k) for k in ("framework", "notes", "other_metric")).lower()
+    hit = _CAPACITY.search(text)
+    return {"moe_capacity_factor": float(hit.group(1))} if hit else {}
 
 
 def _flash_attention(row: dict, assumed: list) -> bool:

@@ -75,6 +75,9 @@ def layer_activation_bytes(run) -> float:
     # FFN width a token passes through, averaged over the model's layers (the stages' mix of MoE and dense
     # layers is not told apart)
     f = m.ffn_width_sum / m.num_layers
+    if s.moe_capacity_factor is not None:
+        # the busiest rank's experts hold their capacity (or largest dropless load) of token rows, not k per token
+        f += (s.moe_capacity_factor - 1.0) * m.num_moe_layers * m.ffn_hidden_size * m.moe_top_k / m.num_layers
     if s.recompute == "full":
         return T * h * er / (t if sp else 1)
     # tensors replicated across TP ranks unless sequence parallel: norm inputs, QKV and FC1 inputs, masks

@@ -189,6 +189,9 @@ def _complete_strategy(model: ModelSpec, hw: HardwareSpec, s: Strategy) -> Strat
     if s.sequence_parallel and model.seq_length % (s.tp * s.cp):
         raise SpecError("strategy.sequence_parallel",
                         f"seq_length={model.seq_length} is not divisible by tp·cp={s.tp * s.cp}")
+    if s.moe_capacity_factor is not None and not model.is_moe:
+        raise SpecError("strategy.moe_capacity_factor", f"moe_capacity_factor={s.moe_capacity_factor} sizes the "
+                                                        f"experts' inputs; {model.name} has no experts")
     if s.ep > 1:
         if not model.is_moe:
             raise SpecError("strategy.ep", f"ep={s.ep} needs a mixture-of-experts model; {model.name} has none")

@@ -83,6 +83,14 @@ class Strategy(Spec):
                     "DualPipe, Megatron-Core's overlap_moe_expert_parallel_comm): each forward or backward "
                     "part takes the longer of its kernels and its all-to-alls, its kernels slowed by the SMs "
                     "the communication holds")
+    moe_capacity_factor: Optional[float] = Field(
+        default=None, gt=0, le=1024, allow_inf_nan=False,
+        description="rows each expert processes over the balanced share T·k/E of a rank's tokens (Megatron-Core's "
+                    "moe_expert_capacity_factor with moe_pad_expert_input_to_capacity, GShard's and Switch's "
+                    "capacity factor: tokens over capacity are dropped, experts padded up to it); for a dropless "
+                    "router, its measured max/mean expert load. The busiest expert sets the pace of a layer: its "
+                    "GEMMs, activations and all-to-all volumes scale by this factor, the model FLOPs do not. "
+                    "Unset: dropless with balanced routing")
     grad_reduce_precision: Optional[Precision] = Field(
         default=None, description="precision of gradient reduction; default fp32 for bf16/fp8 "
                                   "(Megatron accumulates and reduces in fp32), else the run precision")
