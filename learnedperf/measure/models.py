@@ -3,10 +3,12 @@
 Every model is built from a run-format ``model`` dict, so that the record of a
 measured step describes exactly what ran:
 
-* transformers (``arch`` ``gpt``, ``llama``, ``bert``), completed by
+* transformers (``arch`` ``gpt``, ``llama``, ``bert``, ``moe``), completed by
   :class:`learnedperf.specs.ModelSpec` (GPT: learned positions, LayerNorm, GELU
   MLP of 4h, tied embeddings, causal; Llama: RoPE, RMSNorm, SwiGLU, grouped-query
-  attention, untied head; BERT: GPT but bidirectional). Attention is
+  attention, untied head; BERT: GPT but bidirectional; MoE: Llama whose MoE layers
+  route each token to ``moe_top_k`` of ``num_experts`` expert MLPs,
+  :class:`MoEFeedForward`). Attention is
   :func:`torch.nn.functional.scaled_dot_product_attention` (the fused kernel);
 * an MLP (``arch`` ``mlp``) and a small ResNet-style CNN (``arch`` ``cnn``), whose
   dicts are completed by :func:`learnedperf.measure.steps.complete_model_dict`.
@@ -341,12 +343,27 @@ class Attention(nn.Module):
         return self.proj(o.transpose(1, 2).reshape(b, s, hl * hd))
 
 
-class FeedForward(nn.Module):
-    """The MLP of a layer: GELU/ReLU (2 matrices) or SwiGLU (gate and up fused, then down)."""
+def activate(y: torch.Tensor, activation: str) -> torch.Tensor:
+    """The MLP's activation of the first matrix's output: SwiGLU (``silu(gate) * up`` of its two halves),
+    GPT-2's tanh GELU or ReLU."""
+    if activation == "swiglu":
+        gate, up = y.chunk(2, dim=-1)
+        return F.silu(gate) * up
+    if activation == "gelu":
+        return F.gelu(y, approximate="tanh")  # GPT-2's GELU
+    return F.relu(y)
 
-    def __init__(self, spec: ModelSpec, ctx: ParallelContext):
+
+class FeedForward(nn.Module):
+    """The MLP of a layer: GELU/ReLU (2 matrices) or SwiGLU (gate and up fused, then down).
+
+    ``width`` is its hidden width: ``ffn_hidden_size`` by default; a MoE model's dense layers pass
+    ``dense_ffn_hidden_size`` and its shared experts ``moe_shared_ffn_hidden_size``.
+    """
+
+    def __init__(self, spec: ModelSpec, ctx: ParallelContext, width: Optional[int] = None):
         super().__init__()
-        f, h = spec.ffn_hidden_size, spec.hidden_size
+        f, h = (spec.ffn_hidden_size if width is None else width), spec.hidden_size
         self.activation = spec.activation
         bias = spec.arch in ("gpt", "bert")
         sections = [f, f] if spec.activation == "swiglu" else [f]
@@ -355,26 +372,154 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """MLP output ``[batch, seq, hidden]``."""
-        y = self.fc1(x)
-        if self.activation == "swiglu":
-            gate, up = y.chunk(2, dim=-1)
-            y = F.silu(gate) * up
-        elif self.activation == "gelu":
-            y = F.gelu(y, approximate="tanh")  # GPT-2's GELU
+        return self.fc2(activate(self.fc1(x), self.activation))
+
+
+def expert_capacity(tokens: int, num_experts: int, top_k: int, capacity_factor: float) -> int:
+    """Rows every expert processes under a capacity factor: Megatron-Core's ``get_capacity``,
+    ``ceil(tokens·top_k / num_experts · capacity_factor)`` (the balanced share of the routed token copies,
+    scaled; the same order of operations, so that float rounding agrees with it)."""
+    return math.ceil((tokens * top_k / num_experts) * capacity_factor)
+
+
+class GroupedExperts(nn.Module):
+    """The routed experts of a MoE layer: ``num_experts`` MLPs whose weights are stacked, ``fc1`` of shape
+    ``[E, up, hidden]`` (``up`` = 2·width for SwiGLU, gate and up fused; width otherwise) and ``fc2`` of shape
+    ``[E, hidden, width]``, no biases.
+
+    Stacked parameters have one global name each, so :func:`init_parameters` initialises them like every
+    other matrix. ``forward`` runs all experts as two batched GEMMs over ``[E, rows, hidden]`` (the padded
+    path, whose input a forward hook on this module sees); :meth:`per_expert` hands out each expert's own
+    matrices for the dropless path, which runs them with :meth:`mlp` over that expert's rows.
+    """
+
+    def __init__(self, num_experts: int, hidden: int, width: int, activation: str):
+        super().__init__()
+        self.activation = activation
+        up = 2 * width if activation == "swiglu" else width
+        self.fc1 = _param((num_experts, up, hidden), "normal")
+        self.fc2 = _param((num_experts, hidden, width), "normal")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Every expert's MLP over its rows: ``[E, rows, hidden]`` to ``[E, rows, hidden]`` (batched GEMMs)."""
+        y = activate(torch.bmm(x, self.fc1.transpose(1, 2)), self.activation)
+        return torch.bmm(y, self.fc2.transpose(1, 2))
+
+    def per_expert(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each expert's ``(fc1, fc2)`` matrices, views of the stacked weights."""
+        # one unbind per forward: its backward stacks the experts' gradients once, where indexing each expert
+        # would write a full-size gradient of the stacked weight per expert
+        return list(zip(self.fc1.unbind(0), self.fc2.unbind(0)))
+
+    def mlp(self, x: torch.Tensor, fc1: torch.Tensor, fc2: torch.Tensor) -> torch.Tensor:
+        """One expert's MLP (its matrices from :meth:`per_expert`) over its rows ``[n, hidden]``."""
+        return F.linear(activate(F.linear(x, fc1), self.activation), fc2)
+
+
+class MoEFeedForward(nn.Module):
+    """The MLP of a MoE layer: a router, ``num_experts`` routed expert MLPs and optional shared experts.
+
+    Routing: a router GEMM (``hidden`` to ``num_experts``, no bias), a softmax over all experts in fp32, and
+    each token's ``moe_top_k`` most probable experts; their softmax probabilities are the combine weights as
+    they are (not renormalised over the top k), and no auxiliary load-balancing loss is added (the loss is the
+    language model's alone). The layer's output is, per token, the weighted sum of its experts' outputs, plus
+    the shared experts' dense MLP (width ``moe_shared_ffn_hidden_size``, over every token) when there are any.
+
+    ``capacity_factor`` None: dropless, each expert processes exactly the tokens routed to it (one expert
+    at a time). A number ``c``: every expert processes exactly ``expert_capacity(T, E, k, c)`` rows, ``T`` the
+    micro-batch's tokens (Megatron-Core's ``moe_expert_capacity_factor`` with
+    ``moe_pad_expert_input_to_capacity``): the token copies routed to an expert beyond its capacity are
+    dropped, keeping the first ``capacity`` in token order (Megatron-Core's ``position`` drop policy), every
+    expert's input is zero-padded to ``capacity`` rows, and the experts run as batched GEMMs over
+    ``[E, capacity, hidden]``. Dropped copies and padded rows add nothing to the output.
+
+    Expert tensor parallelism is not built: ``ctx.tp_size`` must be 1.
+    """
+
+    def __init__(self, spec: ModelSpec, ctx: ParallelContext, capacity_factor: Optional[float] = None):
+        super().__init__()
+        if ctx.tp_size > 1:
+            raise ValueError("a MoE layer is built for tp = 1 (expert tensor parallelism is not measured)")
+        self.ctx = ctx
+        self.num_experts, self.top_k = spec.num_experts, spec.moe_top_k
+        self.capacity_factor = capacity_factor
+        self.router = _param((spec.num_experts, spec.hidden_size), "normal")
+        self.experts = GroupedExperts(spec.num_experts, spec.hidden_size, spec.ffn_hidden_size, spec.activation)
+        shared = spec.moe_shared_ffn_hidden_size
+        self.shared = FeedForward(spec, ctx, shared) if shared else None
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The router's top-k of tokens ``[T, hidden]``: fp32 softmax probabilities ``[T, k]`` and the experts
+        ``[T, k]`` they belong to, most probable first."""
+        logits = linear(x, self.router, None, self.ctx)
+        return logits.float().softmax(dim=-1).topk(self.top_k, dim=-1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """MoE output ``[batch, seq, hidden]`` (before the residual)."""
+        b, s, h = x.shape
+        flat = x.reshape(b * s, h)
+        probs, experts = self.route(flat)
+        # the (token, expert) copies in token order: copy i is token i // k's (i % k)-th choice
+        expert_of = experts.reshape(-1)
+        token_of = torch.arange(b * s, device=x.device).repeat_interleave(self.top_k)
+        weight_of = probs.reshape(-1)
+        if self.capacity_factor is None:
+            out = self._dropless(flat, expert_of, token_of, weight_of)
         else:
-            y = F.relu(y)
-        return self.fc2(y)
+            out = self._padded(flat, expert_of, token_of, weight_of)
+        out = out.view(b, s, h)
+        return out if self.shared is None else out + self.shared(x)
+
+    def _dropless(self, flat, expert_of, token_of, weight_of) -> torch.Tensor:
+        out = flat.new_zeros(flat.shape)
+        order = torch.argsort(expert_of, stable=True)
+        # host-side counts, as Megatron-Core's dropless GroupedMLP reads tokens_per_expert
+        counts = torch.bincount(expert_of, minlength=self.num_experts).tolist()
+        start = 0
+        for (fc1, fc2), n in zip(self.experts.per_expert(), counts):
+            if n:
+                copies = order[start:start + n]
+                tokens = token_of[copies]
+                y = self.experts.mlp(flat.index_select(0, tokens), fc1, fc2)
+                out.index_add_(0, tokens, (y * weight_of[copies].unsqueeze(-1)).to(out.dtype))
+            start += n
+        return out
+
+    def _padded(self, flat, expert_of, token_of, weight_of) -> torch.Tensor:
+        T, h = flat.shape
+        E = self.num_experts
+        capacity = expert_capacity(T, E, self.top_k, self.capacity_factor)
+        # each copy's place in its expert's queue, in token order: the first `capacity` are kept
+        queue = F.one_hot(expert_of, E).cumsum(0)
+        place = queue.gather(1, expert_of.unsqueeze(1)).squeeze(1) - 1
+        kept = place < capacity
+        slot = expert_of[kept] * capacity + place[kept]
+        tokens = token_of[kept]
+        # every slot reads its token's row, or an appended zero row (index T) when its expert has fewer copies
+        source = torch.full((E * capacity,), T, dtype=torch.long, device=flat.device)
+        source[slot] = tokens
+        rows = torch.cat([flat, flat.new_zeros(1, h)]).index_select(0, source).view(E, capacity, h)
+        y = self.experts(rows).reshape(E * capacity, h)
+        out = flat.new_zeros(flat.shape)
+        out.index_add_(0, tokens, (y.index_select(0, slot) * weight_of[kept].unsqueeze(-1)).to(out.dtype))
+        return out
 
 
 class TransformerLayer(nn.Module):
-    """One pre-norm transformer layer: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``."""
+    """One pre-norm transformer layer: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``.
 
-    def __init__(self, spec: ModelSpec, ctx: ParallelContext):
+    ``moe``: the MLP is a :class:`MoEFeedForward` (with ``capacity_factor``); otherwise a dense
+    :class:`FeedForward` of width ``dense_ffn_hidden_size`` (``ffn_hidden_size`` except in MoE models).
+    """
+
+    def __init__(self, spec: ModelSpec, ctx: ParallelContext, moe: bool = False,
+                 capacity_factor: Optional[float] = None):
         super().__init__()
         self.norm1 = Norm(spec.norm, spec.hidden_size)
         self.attn = Attention(spec, ctx)
         self.norm2 = Norm(spec.norm, spec.hidden_size)
-        self.mlp = FeedForward(spec, ctx)
+        self.mlp = (MoEFeedForward(spec, ctx, capacity_factor) if moe
+                    else FeedForward(spec, ctx, spec.dense_ffn_hidden_size))
 
     def forward(self, x: torch.Tensor, rope: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
         """The layer's output."""
@@ -408,7 +553,7 @@ def vocab_parallel_cross_entropy(logits_local: torch.Tensor, targets: torch.Tens
 
 
 class TransformerStage(nn.Module):
-    """The part of a GPT / Llama / BERT model that one rank holds.
+    """The part of a GPT / Llama / BERT / MoE model that one rank holds.
 
     ``forward(x, targets)`` takes token ids ``[batch, seq]`` on the first stage
     (hidden states ``[batch, seq, hidden]`` otherwise) and returns the mean
@@ -419,11 +564,15 @@ class TransformerStage(nn.Module):
         ctx: tensor-parallel slice and pipeline stage of this rank.
         recompute: 'none' or 'full' (every layer's activations recomputed in backward,
             :func:`torch.utils.checkpoint.checkpoint` per layer).
+        moe_capacity_factor: of a MoE model's layers (:class:`MoEFeedForward`); None: dropless.
     """
 
-    def __init__(self, model: dict, ctx: ParallelContext = ParallelContext(), recompute: str = "none"):
+    def __init__(self, model: dict, ctx: ParallelContext = ParallelContext(), recompute: str = "none",
+                 moe_capacity_factor: Optional[float] = None):
         super().__init__()
         spec = ModelSpec.parse(model, "model")
+        if moe_capacity_factor is not None and not spec.is_moe:
+            raise ValueError(f"moe_capacity_factor={moe_capacity_factor} needs a MoE model, not arch {spec.arch!r}")
         self.spec = spec
         self.ctx = ctx
         self.recompute = recompute
@@ -434,7 +583,10 @@ class TransformerStage(nn.Module):
         if ctx.is_first_stage:
             self.embed = _param((v, h), "normal", vocab_shard, ctx)
             self.pos = _param((spec.seq_length, h), "normal") if spec.position_embedding == "learned" else None
-        self.layers = nn.ModuleList(TransformerLayer(spec, ctx) for _ in layers)
+        # which layers route to experts is a property of the global layer index (ModelSpec's layout), so a
+        # pipeline stage holds the same layers it would hold of the unsplit model
+        self.layers = nn.ModuleList(TransformerLayer(spec, ctx, spec.moe_layers_in(i, 1) == 1, moe_capacity_factor)
+                                    for i in layers)
         if ctx.is_last_stage:
             self.norm = Norm(spec.norm, h)
             if not spec.tie_embeddings:
@@ -635,22 +787,25 @@ def init_parameters(module: nn.Module, seed: int = 0) -> None:
 
 
 def build_model(model: dict, ctx: ParallelContext = ParallelContext(), recompute: str = "none",
-                seed: int = 0) -> nn.Module:
+                seed: int = 0, moe_capacity_factor: Optional[float] = None) -> nn.Module:
     """Build and initialise the model (or this rank's part of it) described by a run-format model dict.
 
     Args:
-        model: run-format model dict (``arch`` gpt / llama / bert / mlp / cnn).
+        model: run-format model dict (``arch`` gpt / llama / bert / moe / mlp / cnn).
         ctx: tensor-parallel slice and pipeline stage (transformers only).
         recompute: 'none' or 'full' activation recomputation (transformers only).
         seed: seed of the weights (same seed → same weights in every layout).
+        moe_capacity_factor: expert capacity of a MoE model's layers (None: dropless; MoE only).
     """
     m = complete_model_dict(model)
+    if m["arch"] in ("mlp", "cnn") and moe_capacity_factor is not None:
+        raise ValueError(f"moe_capacity_factor={moe_capacity_factor} needs a MoE model, not arch {m['arch']!r}")
     if m["arch"] == "mlp":
         net: nn.Module = MLPModel(m)
     elif m["arch"] == "cnn":
         net = CNNModel(m)
     else:
-        net = TransformerStage(m, ctx, recompute)
+        net = TransformerStage(m, ctx, recompute, moe_capacity_factor)
     init_parameters(net, seed)
     return net
 

@@ -36,6 +36,10 @@ one process per rank started by :func:`torch.multiprocessing.start_processes`
   :func:`learnedperf.measure.ingest.strategy_kind` names it) and their run says
   ``dp_replicate``.
 
+Mixture-of-experts models (``arch`` ``moe``, :class:`learnedperf.measure.models.MoEFeedForward`) run with
+every expert on every rank (``tp = 1``, ``ep = 1``), dropless or padded to the expert capacity of the strategy's
+``moe_capacity_factor``, under any of the data-parallel and pipeline strategies above except ZB-H1.
+
 On a GPU (``StepConfig.device = "cuda"``) a step runs in one process on ``cuda:0``: weights and
 micro-batches are moved there before timing, bf16 runs under CUDA's autocast, the timer waits for
 the GPU (``torch.cuda.synchronize`` before and after the iteration) and peak memory is the caching
@@ -67,8 +71,9 @@ from ..errors import InputError, LearnedPerfError, SpecError
 from .quiet import Window, foreign_share
 from .records import STEP_COLUMNS, canonical_json, host_name, now_utc, run_id
 
-#: Architectures built as transformers from :class:`learnedperf.specs.ModelSpec`.
-TRANSFORMER_ARCHS = ("gpt", "llama", "bert")
+#: Architectures built as transformers from :class:`learnedperf.specs.ModelSpec` (``moe``: mixture of experts,
+#: :class:`learnedperf.measure.models.MoEFeedForward`).
+TRANSFORMER_ARCHS = ("gpt", "llama", "bert", "moe")
 
 #: Architectures that are not ModelSpec archs (the simulator skips their runs).
 OTHER_ARCHS = ("mlp", "cnn")
@@ -85,6 +90,9 @@ STRATEGY_DEFAULTS: dict[str, Any] = {
     "tp": 1, "pp": 1, "dp": None, "micro_batch_size": 1, "global_batch_size": None,
     "pipeline_schedule": "1f1b", "zero_stage": 0, "fsdp": False, "grad_bucket_size_MiB": 25.0,
     "precision": "fp32", "recompute": "none", "optimizer": "adam", "dp_replicate": 1,
+    # a MoE model's expert capacity (None: dropless); ep is accepted at the run format's 1 only, so that a
+    # config asking for expert parallelism is refused by name rather than as an unknown key
+    "moe_capacity_factor": None, "ep": 1,
 }
 
 # --------------------------------------------------------------------------- model dicts
@@ -97,7 +105,7 @@ def _positive_int(value: Any, field_name: str) -> int:
 def complete_model_dict(model: Any) -> dict:
     """The complete run-format model dict of a measured model (defaults filled in).
 
-    Transformers (``gpt``, ``llama``, ``bert``) are completed by
+    Transformers (``gpt``, ``llama``, ``bert``, ``moe``) are completed by
     :class:`~learnedperf.specs.ModelSpec`; ``mlp`` and ``cnn`` by
     :data:`MLP_DEFAULTS` / :data:`CNN_DEFAULTS`.
 
@@ -139,14 +147,16 @@ class StepConfig:
     """One measured step: model × processes × strategy, and how to time it.
 
     Attributes:
-        model: run-format model dict (``arch`` gpt / llama / bert / mlp / cnn).
+        model: run-format model dict (``arch`` gpt / llama / bert / moe / mlp / cnn).
         world_size: processes (ranks).
         strategy: run-format strategy keys (see :data:`STRATEGY_DEFAULTS`): ``tp``,
             ``pp``, ``dp``, ``micro_batch_size``, ``global_batch_size``,
             ``pipeline_schedule`` ('gpipe' | '1f1b'), ``zero_stage`` (0-3), ``fsdp``,
             ``grad_bucket_size_MiB``, ``precision`` ('fp32' | 'bf16'), ``recompute``
             ('none' | 'full'), ``optimizer`` ('adam' | 'sgd'), ``dp_replicate`` (HSDP replicas of
-            the FSDP2 states, dividing ``dp``; 1 = sharded over all of ``dp``).
+            the FSDP2 states, dividing ``dp``; 1 = sharded over all of ``dp``),
+            ``moe_capacity_factor`` (arch moe: expert capacity over the balanced share; None =
+            dropless), ``ep`` (1 only: expert parallelism is not measured).
         warmup: untimed iterations before timing.
         repeats: timed iterations.
         threads: torch intra-op threads per process.
@@ -223,7 +233,7 @@ class StepPlan:
 
     @property
     def is_transformer(self) -> bool:
-        """True for gpt / llama / bert."""
+        """True for gpt / llama / bert / moe."""
         return self.model["arch"] in TRANSFORMER_ARCHS
 
     @property
@@ -323,11 +333,33 @@ def plan_step(config: StepConfig) -> StepPlan:
         raise bad("strategy.recompute", f"expected 'none' or 'full', got {s['recompute']!r}")
     if s["optimizer"] not in ("adam", "sgd"):
         raise bad("strategy.optimizer", f"expected 'adam' or 'sgd', got {s['optimizer']!r}")
+    if isinstance(s["ep"], bool) or not isinstance(s["ep"], int) or s["ep"] != 1:
+        raise bad("strategy.ep", f"expert parallelism is not measured (every data-parallel rank holds all experts): "
+                                 f"ep must be 1, got {s['ep']!r}")
     arch = model["arch"]
+    capacity = s["moe_capacity_factor"]
+    if capacity is not None:
+        if arch != "moe":
+            raise bad("strategy.moe_capacity_factor", f"sizes the experts' inputs: it needs arch 'moe', not {arch!r}")
+        if isinstance(capacity, bool) or not isinstance(capacity, (int, float)) or not math.isfinite(capacity) \
+                or not capacity > 0:
+            raise bad("strategy.moe_capacity_factor", f"expected a positive finite number, got {capacity!r}")
+        s["moe_capacity_factor"] = float(capacity)
     if arch in TRANSFORMER_ARCHS:
         if model.get("kv_lora_rank"):
             # the harness builds ordinary (grouped-query) attention; timing it as MLA would mislabel the record
             raise bad("model.kv_lora_rank", "measured steps do not build latent attention (MLA)")
+        if arch == "moe" and tp > 1:
+            # the experts are whole on every rank (measure.models.MoEFeedForward); the simulator would split them
+            raise bad("strategy.tp", f"expert tensor parallelism is not measured: arch 'moe' needs tp = 1, got {tp}")
+        if model.get("moe_router_num_groups", 1) > 1:
+            # the router picks the top k of all experts; DeepSeek's group-limited routing is not built
+            raise bad("model.moe_router_num_groups", "measured steps do not build group-limited routing: "
+                                                     f"expected 1, got {model['moe_router_num_groups']}")
+        if arch == "moe" and s["pipeline_schedule"] == "zb-h1":
+            # the experts' stacked-weight GEMMs compute their weight gradients in the backward: no W pass to defer
+            raise bad("strategy.pipeline_schedule", "'zb-h1' is not measured for arch 'moe' (the experts' weight "
+                                                    "gradients are not deferred to W passes)")
         heads, kv = model["num_attention_heads"], model["num_kv_heads"]
         if heads % tp:
             raise bad("strategy.tp", f"tp={tp} does not divide num_attention_heads={heads}")
@@ -347,7 +379,8 @@ def plan_step(config: StepConfig) -> StepPlan:
             raise bad("strategy.pp", f"pp={pp} exceeds num_layers={model['num_layers']}")
     else:
         if tp > 1:
-            raise bad("strategy.tp", f"tensor parallelism is implemented for {list(TRANSFORMER_ARCHS)} only")
+            dense = [a for a in TRANSFORMER_ARCHS if a != "moe"]  # moe is measured at tp = 1 only
+            raise bad("strategy.tp", f"tensor parallelism is implemented for {dense} only")
         if pp > 1:
             raise bad("strategy.pp", f"pipeline parallelism is implemented for {list(TRANSFORMER_ARCHS)} only")
         if s["recompute"] != "none":
@@ -392,7 +425,8 @@ def run_dict(config: StepConfig, hardware: dict) -> dict:
 
     The strategy states everything that shaped the step: parallel sizes, batch,
     precision, fused attention (SDPA), recomputation, ZeRO / FSDP, the gradient
-    bucket and whether gradient reduction overlapped backward.
+    bucket, whether gradient reduction overlapped backward and a MoE model's expert
+    capacity factor (left out when dropless).
     """
     plan = plan_step(config)
     return _run_dict(plan, hardware)
@@ -425,6 +459,8 @@ def _run_dict(plan: StepPlan, hardware: dict) -> dict:
         "optimizer": s["optimizer"],
         # left out at 1 (the run format's default): runs without hybrid sharding, and their run ids, stay as they were
         **({"dp_replicate": plan.dp_replicate} if plan.dp_replicate > 1 else {}),
+        # left out when dropless (the run format's None), as the run format writes it
+        **({"moe_capacity_factor": s["moe_capacity_factor"]} if s["moe_capacity_factor"] is not None else {}),
     }
     return {"model": dict(plan.model), "hardware": hw, "strategy": strategy}
 
@@ -562,7 +598,7 @@ def _build_step(plan: StepPlan, rank: int) -> tuple[Callable[[], Any], int]:
     ctx = M.ParallelContext(tp_size=plan.tp, tp_rank=tp_rank, tp_group=groups["tp"], stage=pp_rank,
                             num_stages=plan.pp,
                             weight_grads=M.WeightGradStore() if s["pipeline_schedule"] == "zb-h1" else None)
-    net = M.build_model(plan.model, ctx, s["recompute"], plan.seed)
+    net = M.build_model(plan.model, ctx, s["recompute"], plan.seed, s["moe_capacity_factor"])
     m = plan.num_microbatches
     mbs = s["micro_batch_size"]
     # Data is a function of (seed, data-parallel rank, micro-batch): tp ranks and pipeline stages of one
@@ -1032,8 +1068,9 @@ def train_losses(config: StepConfig, iterations: int = 2, in_process: bool = Tru
 
 # --------------------------------------------------------------------------- the grid
 #: Models of the measurement grid: three families at four sizes (≈1.5M to ≈50M parameters, seq 64-512),
-#: an MLP and a small ResNet at two sizes each. Heads, kv heads, ffn and vocabularies divide by 4 so
-#: that tp = 2 and 4 are valid.
+#: a small mixture of experts (Llama-like layers whose MLPs route each token to 2 of 8 experts of width 512,
+#: ≈18M parameters, ≈8M active), an MLP and a small ResNet at two sizes each. Heads, kv heads, ffn and
+#: vocabularies divide by 4 so that tp = 2 and 4 are valid (the MoE model is measured at tp = 1).
 GRID_MODELS: dict[str, dict] = {
     "gpt-tiny": {"arch": "gpt", "num_layers": 2, "hidden_size": 128, "num_attention_heads": 4,
                  "vocab_size": 8192, "seq_length": 64},
@@ -1059,6 +1096,8 @@ GRID_MODELS: dict[str, dict] = {
                     "vocab_size": 16384, "seq_length": 512},
     "bert-large": {"arch": "bert", "num_layers": 8, "hidden_size": 512, "num_attention_heads": 8,
                    "vocab_size": 16384, "seq_length": 512},
+    "moe-small": {"arch": "moe", "num_layers": 4, "hidden_size": 256, "num_attention_heads": 8, "num_kv_heads": 4,
+                  "num_experts": 8, "moe_top_k": 2, "ffn_hidden_size": 512, "vocab_size": 8192, "seq_length": 256},
     "mlp-small": {"arch": "mlp", "input_size": 512, "hidden_size": 1024, "num_layers": 4, "num_classes": 1000},
     "mlp-large": {"arch": "mlp", "input_size": 1024, "hidden_size": 2048, "num_layers": 6, "num_classes": 1000},
     "cnn-small": {"arch": "cnn", "image_size": 32, "in_channels": 3, "base_channels": 16, "num_stages": 3,
@@ -1101,8 +1140,8 @@ def gpu_step_grid(quick: bool = False) -> list[StepConfig]:
     """The configurations measured on one GPU (``device="cuda"``, one process each).
 
     ``quick=False``: the CPU grid's single-process transformers in fp32 and bf16 (small, launch-bound
-    steps) and the GPU-sized :data:`GPU_GRID_MODELS` at micro-batches 1-8 in fp32 and bf16, with full
-    recompute and with gradient accumulation: 45 configs. ``quick=True``: two small configs.
+    steps), its MoE model in bf16 (dropless) and the GPU-sized :data:`GPU_GRID_MODELS` at micro-batches 1-8
+    in fp32 and bf16, with full recompute and with gradient accumulation: 46 configs. ``quick=True``: two small configs.
     """
     def cfg(name: str, **strategy) -> StepConfig:
         if name in GPU_GRID_MODELS:
@@ -1114,6 +1153,7 @@ def gpu_step_grid(quick: bool = False) -> list[StepConfig]:
         return [cfg("gpt-tiny"), cfg("llama-small", precision="bf16")]
     out = [cfg(f"{fam}-{size}", precision=p) for fam in ("gpt", "llama", "bert")
            for size in ("tiny", "small", "medium", "large") for p in ("fp32", "bf16")]
+    out.append(cfg("moe-small", precision="bf16"))  # the CPU grid's MoE model, dropless
     for name in GPU_GRID_MODELS:
         for p in ("fp32", "bf16"):
             for mbs in (1, 4):
@@ -1127,9 +1167,10 @@ def gpu_step_grid(quick: bool = False) -> list[StepConfig]:
 def step_grid(quick: bool = False, device: str = "cpu") -> list[StepConfig]:
     """The configurations measured for the project's data set (``device="cuda"``: :func:`gpu_step_grid`).
 
-    ``quick=False``: 147 configs (94 on several processes) — single-process (fp32, bf16, full recompute,
-    larger micro-batches, gradient accumulation, 2 threads), DDP with several bucket
-    sizes, tensor, pipeline (GPipe, 1F1B and ZB-H1), ZeRO-1/2 and FSDP on 2 processes, and
+    ``quick=False``: 151 configs (95 on several processes) — single-process (fp32, bf16, full recompute,
+    larger micro-batches, gradient accumulation, 2 threads; the MoE model dropless and with expert capacity
+    factors 1 and 2), DDP with several bucket sizes (and of the dropless MoE model), tensor, pipeline (GPipe,
+    1F1B and ZB-H1), ZeRO-1/2 and FSDP on 2 processes, and
     dp / tp / pp / tp+dp / pp+dp / tp+pp / FSDP on 4 processes (which oversubscribe
     a 2-core machine; ``threads`` records 1 per process), among them 4 hybrid-sharded
     (HSDP, ``dp_replicate`` 2: FULL_SHARD and ZeRO-2, one with gradient accumulation).
@@ -1164,6 +1205,10 @@ def step_grid(quick: bool = False, device: str = "cpu") -> list[StepConfig]:
         mbs = 64 if name.startswith("mlp") else 16
         out.append(cfg(name, micro_batch_size=mbs))
         out.append(cfg(name, micro_batch_size=mbs, precision="bf16"))
+    # a mixture of experts: dropless, and every expert padded to 1x and 2x its balanced share of the tokens
+    out.append(cfg("moe-small"))
+    for capacity in (1.0, 2.0):
+        out.append(cfg("moe-small", moe_capacity_factor=capacity))
     # --- two processes
     for fam in families:
         for size in sizes[:3]:
@@ -1190,6 +1235,7 @@ def step_grid(quick: bool = False, device: str = "cpu") -> list[StepConfig]:
         out.append(cfg(name, 2, micro_batch_size=mbs))
     out.append(cfg("mlp-large", 2, micro_batch_size=64, fsdp=True))
     out.append(cfg("cnn-small", 2, micro_batch_size=16, zero_stage=1))
+    out.append(cfg("moe-small", 2))  # DDP of a dropless MoE: each rank routes its own micro-batch
     # --- four processes (oversubscribing two cores)
     for fam in ("gpt", "llama"):
         out.append(cfg(f"{fam}-small", 4))
