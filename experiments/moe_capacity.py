@@ -27,7 +27,6 @@ printed with the predictions scaled by it.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from dataclasses import replace
 
@@ -38,7 +37,9 @@ def main() -> None:
     """Measure the MoE configurations, predict them, print the table and the summaries."""
     import pandas as pd
 
+    from learnedperf.io import load_json_file
     from learnedperf.measure.bench import host_descriptor
+    from learnedperf.measure.collect import step_hardware
     from learnedperf.measure.records import run_id
     from learnedperf.measure.steps import measure_step, run_dict, step_grid
     from learnedperf.predict import Predictor
@@ -51,11 +52,10 @@ def main() -> None:
     ap.add_argument("--checkpoint", help="checkpoint directory (default checkpoints/default)")
     args = ap.parse_args()
 
+    predictor = Predictor.load(args.checkpoint)  # before minutes of measuring: a bad checkpoint stops it at once
     steps = pd.read_parquet(f"{args.dataset}/steps_cpu.parquet")
-    hardware = {}
-    for rec in steps.to_dict("records"):
-        hardware[(int(rec["world_size"]), int(rec["threads"]))] = json.loads(rec["run"])["hardware"]
-    manifest = json.load(open(f"{args.dataset}/manifest.json"))
+    hardware = step_hardware(steps, args.dataset)
+    manifest = load_json_file(f"{args.dataset}/manifest.json")
     print(f"# this host: {host_descriptor().get('cpu_model')!r}; data set's: {manifest['host'].get('cpu_model')!r}")
 
     # the grid's own MoE configurations (and timing), with capacity 1.5 and DDP at 2.0 beside them
@@ -77,7 +77,6 @@ def main() -> None:
     for _ in range(args.rounds):
         for label, cfg in configs:
             times[label].append(measure_step(cfg, hardware[(cfg.world_size, cfg.threads)])["iteration_time_ms"])
-    predictor = Predictor.load(args.checkpoint)
     rows = {}
     print("| configuration | measured ms (fastest round) | simulator ms | full ms | fast ms |")
     print("|---|---:|---:|---:|---:|")

@@ -98,13 +98,12 @@ def measure_twins(dataset: str, rounds: int) -> None:
 
     import pandas as pd
 
+    from learnedperf.measure.collect import step_hardware
     from learnedperf.measure.steps import measure_step, run_dict, step_grid
     from learnedperf.predict import Predictor
 
     steps = pd.read_parquet(f"{dataset}/steps_cpu.parquet")
-    hardware = {}
-    for rec in steps.to_dict("records"):
-        hardware[(int(rec["world_size"]), int(rec["threads"]))] = json.loads(rec["run"])["hardware"]
+    hardware = step_hardware(steps, dataset)
     grid = step_grid()
     twins = []
     for c in grid:

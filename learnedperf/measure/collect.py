@@ -36,7 +36,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from ..errors import InputError, LearnedPerfError
 from .quiet import QUIET_SHARE, Window, logical_cpus, wait_until_quiet
@@ -345,6 +345,27 @@ def _previous(out: Path) -> dict:
         raise InputError(f"{path}: cannot read the existing manifest ({exc}); move it away first") from None
 
 
+def step_hardware(steps: Any, where: Any) -> dict[tuple[int, int], dict]:
+    """The hardware block (device descriptor with its kernel curves, links) of each (process count, threads per
+    process) among a data set's step records (``steps_cpu.parquet`` as a DataFrame): one per count, as a
+    collection writes it, so that a step measured or predicted later takes the same hardware as the others.
+
+    Raises:
+        InputError: naming ``where``, for a count whose records carry several blocks (nothing says which one a
+            new step should take).
+    """
+    from .records import canonical_json
+
+    blocks: dict[tuple[int, int], set] = {}
+    for run, world, threads in zip(steps["run"], steps["world_size"], steps["threads"]):
+        blocks.setdefault((int(world), int(threads)), set()).add(canonical_json(json.loads(run)["hardware"]))
+    for (world, threads), found in sorted(blocks.items()):
+        if len(found) > 1:
+            raise InputError(f"{where}: {len(found)} hardware blocks among the records of {world} process(es) of "
+                             f"{threads} thread(s); a step needs exactly one")
+    return {key: json.loads(next(iter(found))) for key, found in blocks.items()}
+
+
 def add_missing_steps(out: str | Path, *, command: str = "", dry_run: bool = False, progress: bool = True,
                       log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr)) -> list[dict]:
     """Measure the configurations of :func:`~learnedperf.measure.steps.step_grid` (``quick=False``) that the
@@ -376,7 +397,7 @@ def add_missing_steps(out: str | Path, *, command: str = "", dry_run: bool = Fal
     import pandas as pd
 
     from .bench import host_descriptor
-    from .records import canonical_json, run_id, sha256_file, verify_manifest
+    from .records import run_id, sha256_file, verify_manifest
     from .steps import run_dict, step_grid
 
     out = Path(out)
@@ -385,18 +406,14 @@ def add_missing_steps(out: str | Path, *, command: str = "", dry_run: bool = Fal
     if not path.is_file():
         raise InputError(f"{path}: no CPU step records to add to")
     steps = pd.read_parquet(path)
-    hardware: dict[tuple[int, int], set] = {}
-    for rec in steps.to_dict("records"):
-        run = json.loads(rec["run"])
-        hardware.setdefault((int(rec["world_size"]), int(rec["threads"])), set()).add(canonical_json(run["hardware"]))
+    hardware = step_hardware(steps, path)
     known = set(steps["run_id"])
     missing: list[tuple] = []
     for config in step_grid(quick=False):
-        blocks = hardware.get((config.world_size, config.threads), set())
-        if len(blocks) != 1:
-            raise InputError(f"{path}: {len(blocks)} hardware blocks among the records of {config.world_size} "
-                             f"process(es) of {config.threads} thread(s); {config.label()} needs exactly one")
-        hw = json.loads(next(iter(blocks)))
+        hw = hardware.get((config.world_size, config.threads))
+        if hw is None:
+            raise InputError(f"{path}: no hardware block among the records of {config.world_size} process(es) of "
+                             f"{config.threads} thread(s); {config.label()} needs exactly one")
         if run_id(run_dict(config, hw)) not in known:
             missing.append((config, hw))
     if dry_run or not missing:
