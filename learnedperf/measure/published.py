@@ -825,11 +825,17 @@ _A2A_OVERLAP = re.compile(r"overlap[\s_-]+moe[\s_-]+expert[\s_-]+parallel[\s_-]+
                           r"(?:a2a|all[\s_-]?to[\s_-]?alls?)\b")
 
 
+def _words(row: dict) -> str:
+    """The row's free text in lower case: its framework, notes and other metric, where configs and papers name
+    the dispatcher, the capacity factor and fused attention."""
+    return " ".join(_cell(row, k) for k in ("framework", "notes", "other_metric")).lower()
+
+
 def _expert_dispatch(row: dict) -> dict:
     """The expert-dispatch keys an expert-parallel row's words state: DeepEP (``moe_dispatcher``) and all-to-alls
     overlapped with computation (``overlap_moe_comm``); neither when the row does not say (Megatron-Core's
     defaults)."""
-    text = " ".join(_cell(row, k) for k in ("framework", "notes", "other_metric")).lower()
+    text = _words(row)
     out: dict[str, Any] = {}
     if _DEEPEP.search(text):
         out["moe_dispatcher"] = "deepep"
@@ -845,15 +851,14 @@ _CAPACITY = re.compile(r"capacity[\s_-]*factor\s*(?:of\s+|=\s*|:\s*)?(\d+(?:\.\d
 def _capacity_factor(row: dict) -> dict:
     """``moe_capacity_factor`` where a MoE row's words state one (GShard, Switch, Megatron-Core's
     moe_expert_capacity_factor); nothing where they do not: dropless, balanced routing."""
-    text = " ".join(_cell(row, k) for k in ("framework", "notes", "other_metric")).lower()
-    hit = _CAPACITY.search(text)
+    hit = _CAPACITY.search(_words(row))
     return {"moe_capacity_factor": float(hit.group(1))} if hit else {}
 
 
 def _flash_attention(row: dict, assumed: list) -> bool:
     """Whether attention was fused: as the row's text says, off for work from before FlashAttention
     (Dao et al., arXiv 2205.14135, May 2022: a year up to 2021 in the source or framework), else on."""
-    text = " ".join(_cell(row, k) for k in ("framework", "notes", "other_metric")).lower()
+    text = _words(row)
     if re.search(r"\b(no|without|w/o|disabled?)\s+(flash|fused attention)", text):
         return False
     if "flash" in text or "fused attention" in text:
