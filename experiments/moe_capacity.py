@@ -21,7 +21,15 @@ host other load only slows a round down. Dense steps of the grid that the data s
 in the same rounds; their ratio to the records is this machine's drift since then, and the MoE errors are also
 printed with the predictions scaled by it.
 
+``--blocks`` times the MoE layer's feed-forward block alone instead (in this process, one thread): forward
+and backward of :class:`~learnedperf.measure.models.MoEFeedForward` (router, routing, experts, combine) on one
+micro-batch, dropless and padded to 1.0 and 2.0, beside the dense feed-forward block of width k·ffn (the same
+FLOPs as balanced routing), each its fastest of ``--rounds`` alternating rounds of ``--repeats`` calls; and
+the simulator's cost of the same ops (the MoE layer's router, permutations, experts and combine, forward and
+backward, on the data set's hardware block). It says how much of a step's error the routing itself carries.
+
     python experiments/moe_capacity.py [--dataset datasets/measured/vm-xeon-2c] [--rounds 5]
+    python experiments/moe_capacity.py --blocks [--rounds 5] [--repeats 10]
 """
 
 from __future__ import annotations
@@ -50,7 +58,12 @@ def main() -> None:
                     help="CPU data set whose hardware blocks the predictions use")
     ap.add_argument("--rounds", type=int, default=5, help="alternating rounds; the fastest is taken")
     ap.add_argument("--checkpoint", help="checkpoint directory (default checkpoints/default)")
+    ap.add_argument("--blocks", action="store_true", help="time the feed-forward blocks alone (see above)")
+    ap.add_argument("--repeats", type=int, default=10, help="--blocks: calls per round")
     args = ap.parse_args()
+    if args.blocks:
+        blocks(args)
+        return
 
     predictor = Predictor.load(args.checkpoint)  # before minutes of measuring: a bad checkpoint stops it at once
     steps = pd.read_parquet(f"{args.dataset}/steps_cpu.parquet")
@@ -120,6 +133,76 @@ def main() -> None:
     spread = {label: (statistics.median(v) / min(v), max(v) / min(v)) for label, v in times.items()}
     print("rounds against the fastest (median/min, max/min): " +
           ", ".join(f"{k}: {lo:.2f}, {hi:.2f}" for k, (lo, hi) in spread.items()))
+
+
+def _block_ops(run, moe: bool) -> tuple[list, list]:
+    """The forward ops of ``run``'s feed-forward block (router, permutations, experts, combine for MoE) and
+    their backward."""
+    from learnedperf.graph.transformer import backward_of, layer_forward, shard_for
+    from learnedperf.graph.ops import Group
+
+    one = Group(1, 1)
+    ops = layer_forward(run.model, shard_for(run, one, one, one), moe, "layer")
+    keep = [o for o in ops if ".moe." in o.name or o.name.split(".")[1:3] in (["mlp", "fc1"], ["mlp", "act"],
+                                                                              ["mlp", "fc2"])]
+    return keep, backward_of(keep)
+
+
+def blocks(args) -> None:
+    """``--blocks``: the MoE feed-forward block against the dense one of equal FLOPs, measured and simulated."""
+    import time
+
+    import pandas as pd
+    import torch
+
+    from learnedperf.cost.roofline import RooflineCost
+    from learnedperf.measure import models as M
+    from learnedperf.measure.collect import step_hardware
+    from learnedperf.measure.steps import run_dict, step_grid
+    from learnedperf.specs import RunSpec
+
+    torch.set_num_threads(1)
+    steps = pd.read_parquet(f"{args.dataset}/steps_cpu.parquet")
+    hardware = step_hardware(steps, args.dataset)[(1, 1)]
+    one = next(c for c in step_grid() if c.model.get("name") == "moe-small" and c.world_size == 1
+               and c.strategy.get("moe_capacity_factor") is None)
+    ctx = M.ParallelContext(tp_size=1, tp_rank=0, tp_group=None, stage=0, num_stages=1, weight_grads=None)
+    cases = {}
+    for label, factor in (("MoE dropless", None), ("MoE capacity 1.0", 1.0), ("MoE capacity 2.0", 2.0)):
+        cfg = replace(one, strategy={} if factor is None else {"moe_capacity_factor": factor})
+        run = RunSpec.from_dict(run_dict(cfg, hardware))
+        torch.manual_seed(0)
+        cases[label] = (M.MoEFeedForward(run.model, ctx, factor), run, True)
+    moe_model = cases["MoE dropless"][1].model
+    width = moe_model.moe_top_k * moe_model.ffn_hidden_size
+    dense_dict = {k: v for k, v in run_dict(one, hardware).items()}
+    dense_dict["model"] = {k: v for k, v in dense_dict["model"].items() if k not in ("num_experts", "moe_top_k")}
+    dense_dict["model"].update(arch="llama", name="dense-ffn", ffn_hidden_size=width)
+    dense_run = RunSpec.from_dict(dense_dict)
+    cases[f"dense, width k*ffn = {width}"] = (M.FeedForward(dense_run.model, ctx, width), dense_run, False)
+    mbs = one.strategy.get("micro_batch_size", 1)
+    x0 = torch.randn(mbs, moe_model.seq_length, moe_model.hidden_size)
+    for mod, _, _ in cases.values():
+        for p in mod.parameters():
+            torch.nn.init.normal_(p, std=0.02)
+    best = {label: float("inf") for label in cases}
+    for _ in range(args.rounds):
+        for label, (mod, _, _) in cases.items():
+            calls = []
+            for _ in range(args.repeats):
+                x = x0.clone().requires_grad_(True)
+                t0 = time.perf_counter()
+                mod(x).sum().backward()
+                calls.append(time.perf_counter() - t0)
+                mod.zero_grad(set_to_none=True)
+            best[label] = min(best[label], statistics.median(calls) * 1e3)
+    cost = RooflineCost(cases["MoE dropless"][1].hardware)
+    print("| feed-forward block, forward + backward | measured ms | simulator ms | simulator ops |")
+    print("|---|---:|---:|---:|")
+    for label, (_, run, moe) in cases.items():
+        fwd, bwd = _block_ops(run, moe)
+        sim = sum(cost.compute_time_s(o) for o in fwd + bwd) * 1e3
+        print(f"| {label} | {best[label]:.2f} | {sim:.2f} | {len(fwd) + len(bwd)} |")
 
 
 if __name__ == "__main__":

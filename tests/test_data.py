@@ -128,6 +128,10 @@ def test_sample_covers_families_devices_scales_and_strategies():
     assert any(x.sequence_parallel for x in st)
     assert any(x.cp > 1 for x in st) and any(x.ep > 1 for x in st) and any(x.tp >= 8 for x in st)
     assert len({x.precision for x in st}) >= 4
+    # expert capacity on MoE runs only, dropless on most, each of the sampler's factors drawn
+    capacity = Counter(x.moe_capacity_factor for sp, x in zip(specs, st) if sp.model.is_moe)
+    assert capacity[None] > 100 // 2 and set(capacity) - {None} == {1.0, 1.25, 1.5, 2.0}
+    assert all(x.moe_capacity_factor is None for sp, x in zip(specs, st) if not sp.model.is_moe)
     # forward-only (inference) steps, with and without pipelines and sharded weights, and training steps
     fwd = [x for x in st if x.forward_only]
     assert 0 < len(fwd) < len(st) // 4

@@ -22,7 +22,8 @@ What is covered, and how:
 * **cluster size** — ``2^k`` devices with ``k`` uniform in 0..14 (1 to 16,384),
   some ``3·2^k`` (as the 3,072-GPU SC21 runs);
 * **strategy** — tp, pp (gpipe / 1f1b / interleaved / zero bubble H1), dp, cp, ep (MoE; with DeepEP's dispatch or
-  all-to-alls overlapped, a third of the time each), ZeRO 0-3,
+  all-to-alls overlapped, a third of the time each; experts padded to a capacity factor of 1-2 in 30 % of MoE
+  runs), ZeRO 0-3,
   FSDP, hybrid sharding (a third of the sharded runs whose data-parallel group leaves a node: mostly
   one copy of the states per node, as FSDP's HYBRID_SHARD, else any valid copy count), recompute
   none / selective / full, sequence parallelism, every precision the device supports
@@ -59,7 +60,7 @@ from typing import Any, Iterator, Optional
 
 from ..errors import InputError, LearnedPerfError, SpecError
 
-SAMPLER_VERSION = "7"
+SAMPLER_VERSION = "8"
 """Version of the sampling distribution; a change gives other runs for the same seed."""
 
 FAMILIES = ("gpt", "llama", "bert", "moe")
@@ -96,6 +97,11 @@ _FORWARD_ONLY_SHARE = 0.08
 #: choices so that both appear in training, not measured shares
 _DEEPEP_SHARE = 0.3
 _OVERLAP_MOE_SHARE = 0.3
+#: share of MoE runs drawn with padded expert capacity, and the factors drawn (GShard's 2.0, Switch's 1.0-1.25,
+#: Megatron-Core's moe_expert_capacity_factor): sampling choices so that capacity appears in training, not
+#: measured shares
+_CAPACITY_SHARE = 0.3
+_CAPACITY_FACTORS = (1.0, 1.25, 1.5, 2.0)
 #: share of 1F1B pipelines (without layer-by-layer gathers) drawn as zero bubble H1 instead: a sampling choice
 #: so that the split backward appears in training, not a measured share
 _ZB_H1_SHARE = 0.3
@@ -339,6 +345,8 @@ def _draw_strategy(rng: random.Random, spec_model: Any, device: dict, num_device
                 s["moe_dispatcher"] = "deepep"
             if rng.random() < _OVERLAP_MOE_SHARE:
                 s["overlap_moe_comm"] = True
+        if rng.random() < _CAPACITY_SHARE:
+            s["moe_capacity_factor"] = rng.choice(_CAPACITY_FACTORS)
     sharded = s.get("fsdp") or s.get("zero_stage", 0) > 0
     if sharded and tp * cp * dp > dpn and rng.random() < _HYBRID_SHARE:
         replicas = _replica_options(dp, cp, s.get("ep", 1))

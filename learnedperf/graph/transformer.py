@@ -247,9 +247,18 @@ def layer_forward(model: ModelSpec, sh: Shard, moe: bool = False, prefix: str = 
         ops.append(matmul(f"{prefix}.moe.router", "fwd", T, E, h, hdt, e))
         ops.append(elementwise(f"{prefix}.moe.topk", "softmax", "fwd", T * E, 1, 1, 4, "fp32", 5.0, E))
         routed = T * k  # token copies this rank sends out and (balanced) receives back
+        local_experts = E // sh.ep
+        # the rows the permutations move: every copy, or every expert's capacity (padding rows are written too)
+        moved = routed * sh.expert_load
+        # token permutation (Megatron-Core's moe_utils.permute): the copies gathered into expert order, one
+        # row read and one written each (index_select); with expert parallelism the received rows are
+        # regrouped from source-rank to local-expert order (sort_chunks_by_idxs) when a rank holds several
+        ops.append(elementwise(f"{prefix}.moe.permute", "elementwise", "fwd", moved * h, 1, 1, e, dt, 0.0, h))
         if sh.ep > 1:
             ops.extend(expert_alltoall(f"{prefix}.moe.dispatch", model, sh, T, h * e, dt))
-        local_experts = E // sh.ep
+            if local_experts > 1:
+                ops.append(elementwise(f"{prefix}.moe.sort_chunks", "elementwise", "fwd", moved * h, 1, 1, e, dt,
+                                       0.0, h))
         rows = max(1, routed // local_experts)  # tokens per local expert (balanced routing)
         expert_rows = routed  # rows through this rank's experts
         if sh.expert_load != 1.0:
@@ -264,8 +273,16 @@ def layer_forward(model: ModelSpec, sh: Shard, moe: bool = False, prefix: str = 
                                1, e, dt, 8.0, f_local))
         linear(f"{prefix}.mlp.fc2", rows, h, f_local, batch=local_experts)
         if sh.ep > 1:
+            if local_experts > 1:
+                ops.append(elementwise(f"{prefix}.moe.unsort_chunks", "elementwise", "fwd", moved * h, 1, 1, e, dt,
+                                       0.0, h))
             ops.extend(expert_alltoall(f"{prefix}.moe.combine", model, sh, T, h * e, dt))
         ops.append(elementwise(f"{prefix}.moe.weighted_sum", "elementwise", "fwd", routed * h, 1, 1, e, dt, 2.0, h))
+        # unpermutation (moe_utils.unpermute): the weighted copies scatter-added back into token order, into
+        # a zero-filled output of the rank's T rows: each moved row read once, each output row written by the
+        # fill and read and written by the additions
+        ops.append(Op(f"{prefix}.moe.unpermute", "elementwise", "fwd", moved * h, float((moved + 3 * T) * h * e), dt,
+                      (int(moved), h)))
         if model.moe_shared_ffn_hidden_size:
             # shared experts: a dense MLP over the rank's own tokens, tensor-parallel, never dispatched
             dense_mlp("moe.shared", model.moe_shared_ffn_hidden_size)
