@@ -29,6 +29,8 @@ from collections import defaultdict
 
 import numpy as np
 
+from _checkpoint import add_checkpoint_argument, load_predictor
+
 
 def sources() -> dict[str, list[tuple[dict, float]]]:
     """(run, measured ms) of every source, transformer runs only (what the tiers answer)."""
@@ -53,16 +55,11 @@ def sources() -> dict[str, list[tuple[dict, float]]]:
 def main(argv=None) -> int:
     """Predict every run with both tiers and print the three comparisons."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--checkpoint", help="checkpoint directory (default checkpoints/default)")
+    add_checkpoint_argument(ap)
     args = ap.parse_args(argv)
     from learnedperf.errors import LearnedPerfError
-    from learnedperf.predict import Predictor
 
-    try:
-        predictor = Predictor.load(args.checkpoint)
-    except LearnedPerfError as exc:
-        print(f"fast_tier: error: {exc}", file=sys.stderr)
-        return 1
+    predictor = load_predictor(args.checkpoint, "fast_tier")
     fid = predictor.checkpoint.manifest.get("surrogate_fidelity") or {}
     near = fid.get("near") or {}
     print(f"checkpoint {predictor.source}: held-out distilled runs, fast vs full MAPE "

@@ -166,7 +166,7 @@ def blocks(args) -> None:
     hardware = step_hardware(steps, args.dataset)[(1, 1)]
     one = next(c for c in step_grid() if c.model.get("name") == "moe-small" and c.world_size == 1
                and c.strategy.get("moe_capacity_factor") is None)
-    ctx = M.ParallelContext(tp_size=1, tp_rank=0, tp_group=None, stage=0, num_stages=1, weight_grads=None)
+    ctx = M.ParallelContext()  # one process: no tensor or pipeline split
     cases = {}
     for label, factor in (("MoE dropless", None), ("MoE capacity 1.0", 1.0), ("MoE capacity 2.0", 2.0)):
         cfg = replace(one, strategy={} if factor is None else {"moe_capacity_factor": factor})
@@ -175,7 +175,7 @@ def blocks(args) -> None:
         cases[label] = (M.MoEFeedForward(run.model, ctx, factor), run, True)
     moe_model = cases["MoE dropless"][1].model
     width = moe_model.moe_top_k * moe_model.ffn_hidden_size
-    dense_dict = {k: v for k, v in run_dict(one, hardware).items()}
+    dense_dict = dict(run_dict(one, hardware))
     dense_dict["model"] = {k: v for k, v in dense_dict["model"].items() if k not in ("num_experts", "moe_top_k")}
     dense_dict["model"].update(arch="llama", name="dense-ffn", ffn_hidden_size=width)
     dense_run = RunSpec.from_dict(dense_dict)

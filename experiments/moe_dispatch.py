@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from learnedperf.errors import LearnedPerfError
+from _checkpoint import add_checkpoint_argument, load_predictor
 
 GPUS, SEQUENCES, SEQ = 2048, 15360, 4096
 GPU_HOURS_PER_TRILLION = 180_000  # DeepSeek-V3 report, section 1
@@ -42,16 +42,11 @@ VARIANTS = (("alltoall, blocking", {}), ("deepep, blocking", {"moe_dispatcher": 
 def main(argv=None) -> int:
     """Predict each variant and print it against the report's implied step time."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--checkpoint", help="checkpoint directory (default checkpoints/default)")
+    add_checkpoint_argument(ap)
     args = ap.parse_args(argv)
-    from learnedperf.predict import Predictor
     from learnedperf.simulate import simulate
 
-    try:
-        predictor = Predictor.load(args.checkpoint)
-    except LearnedPerfError as exc:
-        print(f"moe_dispatch: {exc}", file=sys.stderr)
-        return 1
+    predictor = load_predictor(args.checkpoint, "moe_dispatch")
     seconds_per_trillion = GPU_HOURS_PER_TRILLION / GPUS * 3600.0
     implied_s = SEQUENCES * SEQ / (1e12 / seconds_per_trillion)
     print(f"DeepSeek-V3, {GPUS} H800, pp 16, ep 64, ZeRO-1, fp8, {SEQUENCES} x {SEQ} tokens a step")

@@ -29,6 +29,8 @@ from learnedperf.errors import LearnedPerfError
 from learnedperf.measure.public import default_shared_data
 from learnedperf.measure.published import load_published
 
+from _checkpoint import add_checkpoint_argument, load_predictor
+
 
 def scale_bucket(n: int) -> str:
     """A scale class of a GPU count: the issue's multi-node range is 64-512."""
@@ -53,7 +55,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("tables", nargs="*", type=Path,
                     help="published-runs CSV files (default: every *.csv of ../shared/data/published)")
-    ap.add_argument("--checkpoint", help="checkpoint directory (default checkpoints/default)")
+    add_checkpoint_argument(ap)
     ap.add_argument("--out", type=Path, help="write one line per predicted run here (CSV)")
     ap.add_argument("--strict", action="store_true", help="stop at the first row that cannot become a run")
     args = ap.parse_args(argv)
@@ -61,10 +63,8 @@ def main(argv=None) -> int:
     if not tables:
         print("published_runs: no tables given and none in ../shared/data/published", file=sys.stderr)
         return 1
-    from learnedperf.predict import Predictor
-
+    predictor = load_predictor(args.checkpoint, "published_runs")
     try:
-        predictor = Predictor.load(args.checkpoint)
         loaded = [(t, load_published(t, strict=args.strict)) for t in tables]
     except LearnedPerfError as exc:
         print(f"published_runs: error: {exc}", file=sys.stderr)
