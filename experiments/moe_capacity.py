@@ -40,6 +40,8 @@ from dataclasses import replace
 
 import numpy as np
 
+from _checkpoint import add_checkpoint_argument, load_predictor
+
 
 def main() -> None:
     """Measure the MoE configurations, predict them, print the table and the summaries."""
@@ -50,14 +52,13 @@ def main() -> None:
     from learnedperf.measure.collect import step_hardware
     from learnedperf.measure.records import run_id
     from learnedperf.measure.steps import measure_step, run_dict, step_grid
-    from learnedperf.predict import Predictor
     from learnedperf.simulate import simulate
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dataset", default="datasets/measured/vm-xeon-2c",
                     help="CPU data set whose hardware blocks the predictions use")
     ap.add_argument("--rounds", type=int, default=5, help="alternating rounds; the fastest is taken")
-    ap.add_argument("--checkpoint", help="checkpoint directory (default checkpoints/default)")
+    add_checkpoint_argument(ap)
     ap.add_argument("--blocks", action="store_true", help="time the feed-forward blocks alone (see above)")
     ap.add_argument("--repeats", type=int, default=10, help="--blocks: calls per round")
     args = ap.parse_args()
@@ -65,7 +66,7 @@ def main() -> None:
         blocks(args)
         return
 
-    predictor = Predictor.load(args.checkpoint)  # before minutes of measuring: a bad checkpoint stops it at once
+    predictor = load_predictor(args.checkpoint, "moe_capacity")  # before minutes of measuring: a bad checkpoint stops it at once
     steps = pd.read_parquet(f"{args.dataset}/steps_cpu.parquet")
     hardware = step_hardware(steps, args.dataset)
     manifest = load_json_file(f"{args.dataset}/manifest.json")

@@ -30,6 +30,8 @@ import numpy as np
 from learnedperf.measure.public import load_sc21, load_vtrain
 from learnedperf.predict import Predictor, enumerate_strategies
 
+from _checkpoint import add_checkpoint_argument, load_predictor
+
 
 #: vTrain's Megatron-DeepSpeed runs: no fused attention, gradient reduction after the backward
 #: (:func:`learnedperf.measure.public.load_vtrain`); the search must not credit them with either
@@ -76,10 +78,10 @@ def _summary(x: np.ndarray) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--checkpoint", help="checkpoint directory (default checkpoints/default)")
+    add_checkpoint_argument(ap)
     ap.add_argument("--groups", type=int, default=40, help="vTrain groups searched over the whole space")
     args = ap.parse_args()
-    predictor = Predictor.load(args.checkpoint)
+    predictor = load_predictor(args.checkpoint, "search_regret")
     groups = vtrain_groups()
     sizes = [len(g) for g in groups]
     print(f"vTrain: {len(groups)} groups (model, GPUs, global batch) with >= 2 measured strategies "

@@ -33,6 +33,8 @@ from learnedperf.features.run import RunContext, analytic_time
 from learnedperf.simulate.simulator import _simulate_once, simulate
 from learnedperf.specs import RunSpec
 
+from _checkpoint import load_predictor
+
 
 def extrapolated_s(spec: RunSpec, cost: RooflineCost, m1: int, m2: int) -> float:
     """The iteration time extrapolated along the line through ``m1`` and ``m2`` micro-batches."""
@@ -100,7 +102,6 @@ def measure_twins(dataset: str, rounds: int) -> None:
 
     from learnedperf.measure.collect import step_hardware
     from learnedperf.measure.steps import measure_step, run_dict, step_grid
-    from learnedperf.predict import Predictor
 
     steps = pd.read_parquet(f"{dataset}/steps_cpu.parquet")
     hardware = step_hardware(steps, dataset)
@@ -111,7 +112,7 @@ def measure_twins(dataset: str, rounds: int) -> None:
             ref = next(d for d in grid if d.model == c.model and d.world_size == c.world_size
                        and d.strategy == {**c.strategy, "pipeline_schedule": "1f1b"})
             twins.append((c, ref))
-    predictor = Predictor.load()
+    predictor = load_predictor(None, "zero_bubble")
     print(f"# {len(twins)} ZB-H1 steps and their 1F1B twins, {rounds} alternating rounds, median of the rounds' "
           "medians")
     print("| step | measured 1F1B ms | measured ZB-H1 ms | measured ratio | simulator | full | fast |")
