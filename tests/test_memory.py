@@ -154,6 +154,26 @@ def test_flash_attention_drops_the_quadratic_term():
     assert 34 * S * B * H <= per_layer < 34 * S * B * H * 1.01
 
 
+@pytest.mark.parametrize("tp", [1, 2])
+def test_moe_layer_keeps_its_routed_rows(tp):
+    # Megatron-Core's MoE layer, bf16, flash attention, every layer a MoE layer: besides a dense layer's tensors
+    # (the FFN ones over the k expert rows a token passes through, sharded over tp) it keeps the permuted rows
+    # its experts' FC1 reads and the expert outputs the combine weights multiply (T·k·h each, whole on every tp
+    # rank: the dispatcher gathers the tokens over tp) and the router's fp32 softmax (T·E)
+    b = 2
+    run = make_run(MOE, num_devices=tp, tp=tp, micro_batch_size=b, global_batch_size=b, precision="bf16")
+    h, k, E, f = MOE["hidden_size"], MOE["moe_top_k"], MOE["num_experts"], MOE["ffn_hidden_size"]
+    a, hd = MOE["num_attention_heads"], MOE["hidden_size"] // MOE["num_attention_heads"]
+    kv = MOE["num_kv_heads"] * hd
+    T, e = b * MOE["seq_length"], 2
+    dense_part = (8 * T * h  # two norm inputs, the QKV input and the router's (= norm output), bf16
+                  + (T * (h + kv + kv + h) * e  # Q, K, V, the projection's input
+                     + T * k * f * e * 2 + T * k * f * e  # SwiGLU input (gate and up), FC2 input
+                     + 4 * a * b * MOE["seq_length"]) / tp)  # flash attention's fp32 log-sum-exp
+    routing = 2 * T * k * h * e + 4 * T * E
+    assert layer_activation_bytes(run) == pytest.approx(dense_part + routing, rel=1e-12)
+
+
 @pytest.mark.parametrize("p,m", [(4, 8), (4, 4), (2, 8), (8, 16)])
 def test_1f1b_first_stage_holds_p_microbatches(p, m):
     run = make_run(KORTH_MODEL, num_devices=p, pp=p, micro_batch_size=B, global_batch_size=B * m,

@@ -68,10 +68,10 @@ def test_saved_activations_grow_with_the_expert_rows():
     kw = dict(num_devices=2, tp=2, micro_batch_size=2, global_batch_size=2)
     a = layer_activation_bytes(make_run(MOE, **kw))
     b = layer_activation_bytes(make_run(MOE, moe_capacity_factor=1.5, **kw))
-    # per expert row: the SwiGLU input (gate and up, 2 bf16 values a column) and the FC2 input, sharded over tp;
-    # every layer of MOE is a MoE layer
-    T, f, k, e, tp = 2 * 2048, MOE["ffn_hidden_size"], MOE["moe_top_k"], 2, 2
-    assert b - a == pytest.approx(0.5 * T * k * f * (2 * e + e) / tp, rel=1e-12)
+    # per expert row: the SwiGLU input (gate and up, 2 bf16 values a column) and the FC2 input, sharded over tp,
+    # and the FC1 input (the permuted row, whole on each tp rank); every layer of MOE is a MoE layer
+    T, f, k, e, tp, h = 2 * 2048, MOE["ffn_hidden_size"], MOE["moe_top_k"], 2, 2, MOE["hidden_size"]
+    assert b - a == pytest.approx(0.5 * T * k * (f * (2 * e + e) / tp + h * e), rel=1e-12)
 
 
 def test_iteration_slower_model_flops_unchanged():

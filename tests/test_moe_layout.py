@@ -89,13 +89,16 @@ def test_chunks_hold_every_parameter_and_experts_alone_are_split_over_ep():
 
 def test_activation_width_is_top_k_experts_plus_shared_ones():
     # a token of an all-MoE model passes through k experts and the shared MLP: the activations it saves are
-    # those of a dense SwiGLU layer of that total width
+    # those of a dense SwiGLU layer of that total width, plus the routing's: the k permuted copies the experts'
+    # FC1 reads and the k expert outputs the combine weights multiply (bf16 rows of h), the router's fp32 softmax
     moe = dict(SHARED, moe_first_dense_layers=0, dense_ffn_hidden_size=1408)
     dense = {k: v for k, v in moe.items() if k not in ("num_experts", "moe_top_k", "moe_shared_ffn_hidden_size",
                                                        "moe_first_dense_layers", "dense_ffn_hidden_size")}
     dense.update(arch="llama", ffn_hidden_size=2 * 1408 + 2816)
     kw = dict(num_devices=1, micro_batch_size=2, global_batch_size=2)
-    assert layer_activation_bytes(make_run(moe, **kw)) == layer_activation_bytes(make_run(dense, **kw))
+    T, k, h, E = 2 * moe["seq_length"], moe["moe_top_k"], moe["hidden_size"], moe["num_experts"]
+    routing = 2 * T * k * h * 2 + T * E * 4
+    assert layer_activation_bytes(make_run(moe, **kw)) == layer_activation_bytes(make_run(dense, **kw)) + routing
 
 
 def test_megatron_flops_count_top_k_and_shared_widths():

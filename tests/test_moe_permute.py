@@ -77,3 +77,16 @@ def test_backward_moves_the_gradients_back():
     fwd, bwd = _by_name(_ops(run)), _by_name(_ops(run, "backward"))
     for name in ("moe_layer.moe.permute", "moe_layer.moe.unpermute"):
         assert bwd[f"{name}.bwd"].bytes == pytest.approx(2 * fwd[name].bytes, rel=1e-12)
+
+
+def test_deepep_permutes_once_and_regroups_nothing():
+    # Megatron-Core's flex dispatcher hands DeepEP the unpermuted tokens and permutes the received rows into
+    # local-expert order once: the same rows moved as the alltoall dispatcher's permute, and no sort_chunks pair
+    kw = dict(num_devices=4, ep=4, micro_batch_size=1, global_batch_size=4, precision="bf16")
+    a2a = _by_name(_ops(make_run(MOE16, **kw)))
+    deepep = _by_name(_ops(make_run(MOE16, moe_dispatcher="deepep", **kw)))
+    assert not [n for n in deepep if "sort_chunks" in n]
+    T, k, e = 2048, 4, 2
+    for name in ("moe_layer.moe.permute", "moe_layer.moe.unpermute"):
+        assert deepep[name].bytes == a2a[name].bytes
+    assert deepep["moe_layer.moe.permute"].bytes == pytest.approx(2 * T * k * H * e, rel=1e-12)

@@ -252,11 +252,13 @@ def layer_forward(model: ModelSpec, sh: Shard, moe: bool = False, prefix: str = 
         moved = routed * sh.expert_load
         # token permutation (Megatron-Core's moe_utils.permute): the copies gathered into expert order, one
         # row read and one written each (index_select); with expert parallelism the received rows are
-        # regrouped from source-rank to local-expert order (sort_chunks_by_idxs) when a rank holds several
+        # regrouped from source-rank to local-expert order (sort_chunks_by_idxs) when a rank holds several.
+        # DeepEP (Megatron-Core's flex dispatcher) sends the unpermuted tokens and permutes the received ones
+        # once into local-expert order: the same rows moved, and no regrouping
         ops.append(elementwise(f"{prefix}.moe.permute", "elementwise", "fwd", moved * h, 1, 1, e, dt, 0.0, h))
         if sh.ep > 1:
             ops.extend(expert_alltoall(f"{prefix}.moe.dispatch", model, sh, T, h * e, dt))
-            if local_experts > 1:
+            if local_experts > 1 and not sh.deepep:
                 ops.append(elementwise(f"{prefix}.moe.sort_chunks", "elementwise", "fwd", moved * h, 1, 1, e, dt,
                                        0.0, h))
         rows = max(1, routed // local_experts)  # tokens per local expert (balanced routing)
@@ -273,7 +275,7 @@ def layer_forward(model: ModelSpec, sh: Shard, moe: bool = False, prefix: str = 
                                1, e, dt, 8.0, f_local))
         linear(f"{prefix}.mlp.fc2", rows, h, f_local, batch=local_experts)
         if sh.ep > 1:
-            if local_experts > 1:
+            if local_experts > 1 and not sh.deepep:
                 ops.append(elementwise(f"{prefix}.moe.unsort_chunks", "elementwise", "fwd", moved * h, 1, 1, e, dt,
                                        0.0, h))
             ops.extend(expert_alltoall(f"{prefix}.moe.combine", model, sh, T, h * e, dt))

@@ -13,9 +13,11 @@ Activations follow Korthikanti et al., "Reducing Activation Recomputation in
 Large Transformer Models" (2022) §4, generalised from the saved tensors of
 each op: per layer and micro-batch, the inputs of every GEMM, the attention
 scores (unless a fused kernel recomputes them), activation-function inputs,
-norm inputs and dropout masks; tensor and sequence parallelism divide what
-they shard; full recomputation keeps only each layer's input. A pipeline rank
-holds the activations of as many micro-batches as its schedule has in flight.
+norm inputs and dropout masks, and in a MoE layer the routed token copies its
+experts read, the expert outputs the combine weights multiply and the router's
+probabilities; tensor and sequence parallelism divide what they shard; full
+recomputation keeps only each layer's input. A pipeline rank holds the
+activations of as many micro-batches as its schedule has in flight.
 A forward-only step (``forward_only``) keeps no gradients, no optimizer states and
 no activations for a backward: its working set is one layer's tensors of one
 micro-batch, bounded here by what that layer would save for a backward, and one
@@ -90,13 +92,21 @@ def layer_activation_bytes(run) -> float:
                + T * o_hd * eg  # projection input (attention output)
                + T * f * e * (2 if m.activation == "swiglu" else 1)  # activation-function input
                + T * f * eg)  # FC2 input
+    # a MoE layer keeps more than a dense one's FC1 input: the routed copies in expert order that its experts'
+    # FC1 reads (every TP rank holds all of its experts' rows, so they are not split over tp; capacity pads
+    # them), the experts' outputs the combine weights multiply (saved for the weights' gradient) and the
+    # router's fp32 softmax over every expert; averaged over the layers like ``f``
+    routing = 0.0
+    if m.num_moe_layers:
+        k, load = m.moe_top_k, s.moe_capacity_factor or 1.0
+        routing = m.num_moe_layers / m.num_layers * (T * k * load * h * eg + T * k * h * e + T * m.num_experts * 4)
     scores = 0.0
     if not s.flash_attention and s.recompute != "selective":
         # softmax output (e), dropout mask (1 byte) and dropout output (e) per score (Korthikanti eq. 2)
         scores = (2 * e + (1 if dropout else 0)) * a * b * seq * seq * s.cp
     elif s.flash_attention:
         scores = 4.0 * a * b * seq  # fp32 log-sum-exp per query row
-    return replicated / (t if sp else 1) + (sharded + scores) / t
+    return replicated / (t if sp else 1) + (sharded + scores) / t + routing
 
 
 def memory_microbatches(run) -> int:
