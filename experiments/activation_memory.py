@@ -66,13 +66,13 @@ def harness_extra(run: RunSpec) -> float:
     if m.norm == "rmsnorm":
         extra += 2 * (T * h * e + T * 4)
     if m.is_moe:
-        rows = T * m.moe_top_k
-        kept = rows
+        copies = T * m.moe_top_k  # dropped copies (capacity 1.0) are counted too: within 0.2 %
+        rows = copies  # the rows the experts' activation runs on: every copy, or every expert's padded capacity
         if s.moe_capacity_factor is not None:
             rows = m.num_experts * expert_capacity(T, m.num_experts, m.moe_top_k, s.moe_capacity_factor)
         if m.activation == "swiglu":
             extra += rows * m.ffn_hidden_size * e
-        extra += kept * h * e
+        extra += copies * h * e
         if m.moe_shared_ffn_hidden_size and m.activation == "swiglu":
             extra += T * m.moe_shared_ffn_hidden_size * e
     elif m.activation == "swiglu":

@@ -71,7 +71,7 @@ def shard_for(run: RunSpec, tp_group: Group, cp_group: Group, ep_group: Group) -
                  sp=s.sequence_parallel and s.tp > 1, dtype=s.precision, flash=s.flash_attention,
                  tp_group=tp_group, cp_group=cp_group, ep_group=ep_group, ep=s.ep, autocast=s.autocast,
                  deepep=s.moe_dispatcher == "deepep",
-                 expert_load=1.0 if s.moe_capacity_factor is None else s.moe_capacity_factor)
+                 expert_load=s.expert_load)
 
 
 def expert_alltoall(name: str, model: ModelSpec, sh: Shard, tokens: int, row_bytes: int, dtype: str) -> list[Op]:
@@ -255,10 +255,11 @@ def layer_forward(model: ModelSpec, sh: Shard, moe: bool = False, prefix: str = 
         # regrouped from source-rank to local-expert order (sort_chunks_by_idxs) when a rank holds several.
         # DeepEP (Megatron-Core's flex dispatcher) sends the unpermuted tokens and permutes the received ones
         # once into local-expert order: the same rows moved, and no regrouping
+        regroup = sh.ep > 1 and local_experts > 1 and not sh.deepep
         ops.append(elementwise(f"{prefix}.moe.permute", "elementwise", "fwd", moved * h, 1, 1, e, dt, 0.0, h))
         if sh.ep > 1:
             ops.extend(expert_alltoall(f"{prefix}.moe.dispatch", model, sh, T, h * e, dt))
-            if local_experts > 1 and not sh.deepep:
+            if regroup:
                 ops.append(elementwise(f"{prefix}.moe.sort_chunks", "elementwise", "fwd", moved * h, 1, 1, e, dt,
                                        0.0, h))
         rows = max(1, routed // local_experts)  # tokens per local expert (balanced routing)
@@ -275,7 +276,7 @@ def layer_forward(model: ModelSpec, sh: Shard, moe: bool = False, prefix: str = 
                                1, e, dt, 8.0, f_local))
         linear(f"{prefix}.mlp.fc2", rows, h, f_local, batch=local_experts)
         if sh.ep > 1:
-            if local_experts > 1 and not sh.deepep:
+            if regroup:
                 ops.append(elementwise(f"{prefix}.moe.unsort_chunks", "elementwise", "fwd", moved * h, 1, 1, e, dt,
                                        0.0, h))
             ops.extend(expert_alltoall(f"{prefix}.moe.combine", model, sh, T, h * e, dt))

@@ -77,9 +77,10 @@ def layer_activation_bytes(run) -> float:
     # FFN width a token passes through, averaged over the model's layers (the stages' mix of MoE and dense
     # layers is not told apart)
     f = m.ffn_width_sum / m.num_layers
-    if s.moe_capacity_factor is not None:
+    load = s.expert_load
+    if load != 1.0:
         # the busiest rank's experts hold their capacity (or largest dropless load) of token rows, not k per token
-        f += (s.moe_capacity_factor - 1.0) * m.num_moe_layers * m.ffn_hidden_size * m.moe_top_k / m.num_layers
+        f += (load - 1.0) * m.num_moe_layers * m.ffn_hidden_size * m.moe_top_k / m.num_layers
     if s.recompute == "full":
         return T * h * er / (t if sp else 1)
     # tensors replicated across TP ranks unless sequence parallel: norm inputs, QKV and FC1 inputs, masks
@@ -98,7 +99,7 @@ def layer_activation_bytes(run) -> float:
     # router's fp32 softmax over every expert; averaged over the layers like ``f``
     routing = 0.0
     if m.num_moe_layers:
-        k, load = m.moe_top_k, s.moe_capacity_factor or 1.0
+        k = m.moe_top_k
         routing = m.num_moe_layers / m.num_layers * (T * k * load * h * eg + T * k * h * e + T * m.num_experts * 4)
     scores = 0.0
     if not s.flash_attention and s.recompute != "selective":

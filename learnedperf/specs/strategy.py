@@ -169,6 +169,11 @@ class Strategy(Spec):
         return self.fsdp or self.zero_stage == 3
 
     @property
+    def expert_load(self) -> float:
+        """The busiest expert's rows over the balanced share: ``moe_capacity_factor``, 1.0 when unset."""
+        return 1.0 if self.moe_capacity_factor is None else self.moe_capacity_factor
+
+    @property
     def autocast(self) -> bool:
         """True when fp32 weights are cast to the run precision at every GEMM (torch.autocast)."""
         return self.mixed_precision == "autocast"
