@@ -1,27 +1,32 @@
-"""Zero bubble H1 against 1F1B on sampled runs, and how exactly the simulator extrapolates it.
+"""Zero-bubble schedules (ZB-H1, ZB-V) against their twins on sampled runs, and how exactly the simulator
+extrapolates them.
 
-For every run the sampler draws as ZB-H1 (seeds ``--seeds``, indices 0..``--n``-1, runs that fit in memory)
+For every run the sampler draws as ZB-H1 or ZB-V (seeds ``--seeds``, indices 0..``--n``-1, runs that fit in memory)
 with at most ``--max-per-stage`` micro-batches per pipeline stage, this script
 
-* simulates every micro-batch (``exact=True``) and compares the time extrapolated from ``p`` and ``2p``
-  micro-batches, and from ``2p`` and ``4p`` (what :func:`learnedperf.simulate.simulate` uses for ZB-H1),
-  with it;
-* simulates the same run under 1F1B and prints the ratio of the two iteration times, with the ratio of the
-  fast tier's closed-form times (:func:`learnedperf.features.run.analytic_time`) beside it.
+* simulates every micro-batch (``exact=True``) and compares it with the time extrapolated along the line through two
+  shorter steps: for ZB-H1 from ``p`` and ``2p`` micro-batches, and from ``2p`` and ``4p`` (what
+  :func:`learnedperf.simulate.simulate` uses); for ZB-V from ``2p`` and ``4p``, and from ``max(2p, 8)`` and
+  ``max(4p, 16)`` (what it uses);
+* simulates the same run under its twin — 1F1B for ZB-H1, Megatron's interleaving of the same two chunks per rank
+  for ZB-V — and prints the ratio of the two iteration times, with the ratio of the fast tier's closed-form times
+  (:func:`learnedperf.features.run.analytic_time`) beside it.
 
-``--measure DATASET`` also times, on this machine's CPU, every ZB-H1 step of the step grid
+``--measure DATASET`` also times, on this machine's CPU, every ZB-H1 and ZB-V step of the step grid
 (:func:`learnedperf.measure.steps.step_grid`: pipelines of 2 and 4 processes over gloo, whose ``W`` passes
-compute the linear layers' deferred weight gradients) beside its 1F1B twin, alternating the two ``--rounds``
-times, on the hardware block of the data set's records of the same process count; and prints the measured
-ratio beside the simulator's and the shipped checkpoint's full and fast tiers' on the same runs.
+compute the linear layers' deferred weight gradients) beside its 1F1B twin (the harness runs one chunk per rank
+or a V, not interleaving), alternating the two ``--rounds`` times, on the hardware block of the data set's records
+of the same process count; and prints the measured ratio beside the simulator's and the shipped checkpoint's full
+and fast tiers' on the same runs.
 
     python experiments/zero_bubble.py [--n 800] [--seeds 0,1] [--max-per-stage 64]
-                                      [--measure datasets/measured/vm-xeon-2c [--rounds 2]]
+                                      [--measure datasets/measured/vm-xeon-2c [--rounds 2] [--schedules zb-h1,zb-v]]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 
@@ -35,6 +40,16 @@ from learnedperf.specs import RunSpec
 
 from _checkpoint import load_predictor
 
+#: schedule → (its twin's strategy keys, the extrapolation pairs compared: label → (m1, m2) from pp)
+SCHEDULES = {
+    "zb-h1": ({"pipeline_schedule": "1f1b"},
+              {"p, 2p": lambda p: (p, 2 * p), "2p, 4p": lambda p: (2 * p, 4 * p)}),
+    "zb-v": ({"pipeline_schedule": "interleaved"},
+             {"2p, 4p": lambda p: (2 * p, 4 * p),
+              "max(2p, 8), max(4p, 16)": lambda p: (max(2 * p, 8), max(4 * p, 16))}),
+}
+TWIN_NAME = {"zb-h1": "1F1B", "zb-v": "interleaved"}
+
 
 def extrapolated_s(spec: RunSpec, cost: RooflineCost, m1: int, m2: int) -> float:
     """The iteration time extrapolated along the line through ``m1`` and ``m2`` micro-batches."""
@@ -47,55 +62,63 @@ def extrapolated_s(spec: RunSpec, cost: RooflineCost, m1: int, m2: int) -> float
 
 
 def main() -> None:
-    """Print the extrapolation errors and the ZB-H1 / 1F1B time ratios."""
+    """Print the extrapolation errors and the time ratios to the twins, per zero-bubble schedule."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=800)
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--max-per-stage", type=int, default=64)
-    ap.add_argument("--measure", metavar="DATASET", help="also time the grid's ZB-H1 steps and their 1F1B twins")
+    ap.add_argument("--measure", metavar="DATASET", help="also time the grid's zero-bubble steps and their 1F1B twins")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--schedules", default="zb-h1,zb-v", help="the zero-bubble schedules to time with --measure")
     args = ap.parse_args()
     t0 = time.perf_counter()
-    errors: dict[str, list[float]] = {"p, 2p": [], "2p, 4p": []}
-    sim_ratio, fast_ratio = [], []
+    errors = {k: {label: [] for label in pairs} for k, (_twin, pairs) in SCHEDULES.items()}
+    sim_ratio: dict[str, list[float]] = {k: [] for k in SCHEDULES}
+    fast_ratio: dict[str, list[float]] = {k: [] for k in SCHEDULES}
     for seed in (int(x) for x in args.seeds.split(",")):
         for i in range(args.n):
             sample = draw(seed, i)
             spec, s = sample.spec, sample.spec.strategy
-            if s.pipeline_schedule != "zb-h1" or spec.num_microbatches > args.max_per_stage * s.pp:
+            if s.pipeline_schedule not in SCHEDULES or spec.num_microbatches > args.max_per_stage * s.pp:
                 continue
+            twin, pairs = SCHEDULES[s.pipeline_schedule]
             cost = RooflineCost(spec.hardware)
             exact = simulate(spec, exact=True).iteration_time_s
-            for (label, (m1, m2)) in zip(errors, ((s.pp, 2 * s.pp), (2 * s.pp, 4 * s.pp))):
-                errors[label].append(abs(extrapolated_s(spec, cost, m1, m2) / exact - 1.0))
+            for label, pair in pairs.items():
+                errors[s.pipeline_schedule][label].append(abs(extrapolated_s(spec, cost, *pair(s.pp)) / exact - 1.0))
             run = json.loads(json.dumps(sample.run))
-            run["strategy"]["pipeline_schedule"] = "1f1b"
+            run["strategy"].update(twin)
             ref = RunSpec.from_dict(run)
-            sim_ratio.append(simulate(spec).iteration_time_s / simulate(ref).iteration_time_s)
+            sim_ratio[s.pipeline_schedule].append(simulate(spec).iteration_time_s / simulate(ref).iteration_time_s)
             ctx = RunContext(spec.model, spec.hardware)
-            fast_ratio.append(analytic_time(spec, ctx).total_s / analytic_time(ref, ctx).total_s)
-    n = len(sim_ratio)
-    print(f"# {n} ZB-H1 runs of {args.n} draws of seeds {args.seeds} with <= {args.max_per_stage} "
+            fast_ratio[s.pipeline_schedule].append(analytic_time(spec, ctx).total_s / analytic_time(ref, ctx).total_s)
+    print(f"# zero-bubble runs of {args.n} draws of seeds {args.seeds} with <= {args.max_per_stage} "
           f"micro-batches a stage ({time.perf_counter() - t0:.0f} s)")
-    print("| extrapolated from | max error | 95th percentile | runs within 0.1 % |")
-    print("|---|---|---|---|")
-    for label, e in errors.items():
-        a = np.array(e)
-        print(f"| {label} | {a.max() * 100:.2f} % | {np.percentile(a, 95) * 100:.3f} % | "
-              f"{int((a <= 1e-3).sum())} of {n} |")
-    print()
-    print("| ZB-H1 / 1F1B time | min | median | max |")
-    print("|---|---|---|---|")
-    for label, r in (("simulator", sim_ratio), ("fast tier's closed form", fast_ratio)):
-        a = np.array(r)
-        print(f"| {label} | {a.min():.3f} | {np.median(a):.3f} | {a.max():.3f} |")
+    for sched in SCHEDULES:
+        n = len(sim_ratio[sched])
+        if not n:
+            print(f"\nno {sched} run drawn")
+            continue
+        print(f"\n{n} {sched} runs\n")
+        print("| extrapolated from | max error | 95th percentile | runs within 0.1 % |")
+        print("|---|---|---|---|")
+        for label, e in errors[sched].items():
+            a = np.array(e)
+            print(f"| {label} | {a.max() * 100:.2f} % | {np.percentile(a, 95) * 100:.3f} % | "
+                  f"{int((a <= 1e-3).sum())} of {n} |")
+        print()
+        print(f"| {sched} / {TWIN_NAME[sched]} time | min | median | max |")
+        print("|---|---|---|---|")
+        for label, r in (("simulator", sim_ratio[sched]), ("fast tier's closed form", fast_ratio[sched])):
+            a = np.array(r)
+            print(f"| {label} | {a.min():.3f} | {np.median(a):.3f} | {a.max():.3f} |")
     if args.measure:
         print()
-        measure_twins(args.measure, args.rounds)
+        measure_twins(args.measure, args.rounds, args.schedules.split(","))
 
 
-def measure_twins(dataset: str, rounds: int) -> None:
-    """Time each ZB-H1 step of the grid and its 1F1B twin here; print measured and predicted ratios."""
+def measure_twins(dataset: str, rounds: int, schedules: list[str]) -> None:
+    """Time each zero-bubble step of the grid and its 1F1B twin here; print measured and predicted ratios."""
     import statistics
 
     import pandas as pd
@@ -108,17 +131,18 @@ def measure_twins(dataset: str, rounds: int) -> None:
     grid = step_grid()
     twins = []
     for c in grid:
-        if c.strategy.get("pipeline_schedule") == "zb-h1":
-            ref = next(d for d in grid if d.model == c.model and d.world_size == c.world_size
-                       and d.strategy == {**c.strategy, "pipeline_schedule": "1f1b"})
-            twins.append((c, ref))
+        if c.strategy.get("pipeline_schedule") in schedules:
+            # the twin: the same step on one chunk per rank under 1F1B (the grid has it for every ZB-H1 step, not
+            # for the 4-process ZB-V ones)
+            plain = {k: v for k, v in c.strategy.items() if k != "virtual_pipeline_stages"}
+            twins.append((c, dataclasses.replace(c, strategy={**plain, "pipeline_schedule": "1f1b"})))
     predictor = load_predictor(None, "zero_bubble")
-    print(f"# {len(twins)} ZB-H1 steps and their 1F1B twins, {rounds} alternating rounds, median of the rounds' "
-          "medians")
-    print("| step | measured 1F1B ms | measured ZB-H1 ms | measured ratio | simulator | full | fast |")
+    print(f"# {len(twins)} zero-bubble steps and their 1F1B twins, {rounds} alternating rounds, median of the "
+          "rounds' medians")
+    print("| step | measured 1F1B ms | measured zero-bubble ms | measured ratio | simulator | full | fast |")
     print("|---|---|---|---|---|---|---|")
     errors: dict[str, list[float]] = {"simulator": [], "full": [], "fast": []}
-    absolute: dict[str, list[float]] = {"simulator": [], "full": [], "fast": []}  # of the ZB-H1 times
+    absolute: dict[str, list[float]] = {"simulator": [], "full": [], "fast": []}  # of the zero-bubble times
     for zb, ref in twins:
         hw = hardware[(zb.world_size, zb.threads)]
         times: dict[str, list[float]] = {"zb": [], "ref": []}
@@ -142,7 +166,7 @@ def measure_twins(dataset: str, rounds: int) -> None:
               f"{ratios['full']:.3f} | {ratios['fast']:.3f} |")
     print("mean |predicted ratio / measured ratio - 1|: " +
           ", ".join(f"{k} {np.mean(v) * 100:.1f} %" for k, v in errors.items()))
-    print("MAPE of the ZB-H1 times: " + ", ".join(f"{k} {np.mean(v) * 100:.1f} %" for k, v in absolute.items()))
+    print("MAPE of the zero-bubble times: " + ", ".join(f"{k} {np.mean(v) * 100:.1f} %" for k, v in absolute.items()))
 
 
 if __name__ == "__main__":

@@ -63,6 +63,9 @@ _STRATEGY_FLAGS = {
     "forward_only": "forward_only", "moe_dispatcher": "moe_dispatcher", "overlap_moe_comm": "overlap_moe_comm",
     "moe_capacity_factor": "moe_capacity_factor",
 }
+# the run format's specs.strategy.PIPELINE_SCHEDULES, spelled out: the specs import pydantic, which this module
+# leaves to the commands that build runs (tests/test_zb_v.py checks that the two agree)
+_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v")
 # flag dest -> key of the run format's "hardware" object
 _HARDWARE_FLAGS = {"device": "device", "cluster": "cluster", "num_devices": "num_devices",
                    "devices_per_node": "devices_per_node"}
@@ -133,11 +136,11 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
         m.add_argument(f"--{flag}", type=_positive_int, metavar="N", help=f"{what}-parallel size")
     m.add_argument("--micro-batch-size", type=_positive_int, metavar="N")
     m.add_argument("--global-batch-size", type=_positive_int, metavar="N")
-    m.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved", "zb-h1"),
-                   help="pipeline schedule (zb-h1: zero bubble H1, the backward split into input and weight "
-                        "gradients, pp >= 2)")
+    m.add_argument("--schedule", choices=_SCHEDULES,
+                   help="pipeline schedule (zero bubble: the backward split into input and weight gradients, "
+                        "pp >= 2; zb-h1 one model chunk per rank, zb-v two in a V, with --virtual-stages 2)")
     m.add_argument("--virtual-stages", type=_positive_int, metavar="N",
-                   help="model chunks per pipeline rank (interleaved schedule)")
+                   help="model chunks per pipeline rank (interleaved schedule; 2 for zb-v)")
     m.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage")
     m.add_argument("--fsdp", action="store_const", const=True,
                    help="PyTorch FSDP: full sharding, or SHARD_GRAD_OP with --zero 2")

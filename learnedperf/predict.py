@@ -444,8 +444,8 @@ SEARCH_CONSTRAINTS = {
     "max_tp": (None, "largest tensor-parallel size (default: the node size)"),
     "max_pp": (64, "largest pipeline size"),
     "schedules": (["1f1b", "interleaved"], "pipeline schedules of the candidates with pp > 1 (gpipe, 1f1b, "
-                                           "interleaved, zb-h1: zero bubble H1, one model chunk per rank; not with "
-                                           "fixed fsdp); a candidate without a pipeline takes 1f1b"),
+                                           "interleaved; zero bubble zb-h1, one model chunk per rank, and zb-v, two "
+                                           "in a V, not with fixed fsdp); a candidate without a pipeline takes 1f1b"),
     "virtual_stages": ([2, 4], "virtual stages per rank of the interleaved schedule"),
     "recompute": (["none", "selective", "full"], "recomputation policies"),
     "zero_stages": ([0, 1, 2, 3], "ZeRO stages (2 and 3 only without a pipeline)"),
@@ -473,6 +473,8 @@ def _int_list(name: str, value: Any) -> list[int]:
 
 def _check_constraints(model: Any, hw: Any, constraints: Optional[dict]) -> dict:
     """Constraints with defaults filled in; an unknown key or a bad value raises InputError naming it."""
+    from .specs.strategy import PIPELINE_SCHEDULES
+
     if constraints is None:
         constraints = {}
     if not isinstance(constraints, dict):
@@ -492,7 +494,7 @@ def _check_constraints(model: Any, hw: Any, constraints: Optional[dict]) -> dict
     for k in ("max_tp", "max_pp", "max_candidates"):
         if c[k] is not None and (not isinstance(c[k], int) or isinstance(c[k], bool) or c[k] < 1):
             raise InputError(f"constraints.{k}: must be a positive integer, got {c[k]!r}")
-    for k, allowed in (("schedules", ("gpipe", "1f1b", "interleaved", "zb-h1")),
+    for k, allowed in (("schedules", PIPELINE_SCHEDULES),
                        ("recompute", ("none", "selective", "full")),
                        ("zero_stages", (0, 1, 2, 3)), ("sequence_parallel", (True, False)),
                        ("hybrid_sharding", (True, False)), ("moe_dispatchers", ("alltoall", "deepep")),
@@ -572,7 +574,7 @@ def enumerate_strategies(model: Any, hw: Any, constraints: Optional[dict] = None
                         continue
                     pipes: list[tuple[str, int]] = [("1f1b", 1)]
                     if pp > 1:
-                        pipes = [(sch, 1) for sch in c["schedules"] if sch != "interleaved"]
+                        pipes = [(sch, 2 if sch == "zb-v" else 1) for sch in c["schedules"] if sch != "interleaved"]
                         if "interleaved" in c["schedules"]:
                             pipes += [("interleaved", v) for v in c["virtual_stages"] if v >= 2]
                     sps = [sp for sp in c["sequence_parallel"] if tp > 1 or not sp] or [False]

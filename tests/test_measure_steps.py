@@ -123,6 +123,11 @@ def test_model_parameter_count_matches_spec():
     ({"fsdp": True, "dp_replicate": True}, 4, "strategy.dp_replicate"),
     ({"dp_replicate": 2}, 4, "strategy.dp_replicate"),                 # nothing sharded to replicate
     ({"zero_stage": 1, "dp_replicate": 2}, 4, "strategy.dp_replicate"),  # ZeRO-1 is not measured on FSDP2
+    ({"pp": 2, "pipeline_schedule": "zb-v"}, 2, "strategy.virtual_pipeline_stages"),  # ZB-V's V has 2 chunks
+    ({"pp": 2, "pipeline_schedule": "zb-v", "virtual_pipeline_stages": 3}, 2, "strategy.virtual_pipeline_stages"),
+    ({"pp": 2, "virtual_pipeline_stages": 2}, 2, "strategy.virtual_pipeline_stages"),  # 1F1B: one chunk per rank
+    ({"pipeline_schedule": "zb-v", "virtual_pipeline_stages": 2}, 1, "strategy.pipeline_schedule"),  # pp = 1
+    ({"pp": 2, "pipeline_schedule": "zb-v", "virtual_pipeline_stages": 2}, 2, "strategy.pp"),  # 2 layers < 2·pp
 ])
 def test_invalid_config_is_rejected_before_starting(strategy, world, field):
     t0 = time.perf_counter()
@@ -195,7 +200,10 @@ def test_grid_is_large_valid_and_parses():
     assert len(grid) >= 110
     assert sum(p.world_size > 1 for p in plans) >= 50
     assert {p.kind for p in plans} >= {"single", "dp", "tp", "pp", "zero", "fsdp", "tp+dp", "pp+dp"}
-    assert {p.strategy["pipeline_schedule"] for p in plans if p.pp > 1} == {"gpipe", "1f1b", "zb-h1"}
+    assert {p.strategy["pipeline_schedule"] for p in plans if p.pp > 1} == {"gpipe", "1f1b", "zb-h1", "zb-v"}
+    zb_v = [p for p in plans if p.strategy["pipeline_schedule"] == "zb-v"]
+    assert sorted(p.pp for p in zb_v) == [2] * 5 + [4] * 2
+    assert all(p.strategy["virtual_pipeline_stages"] == 2 and p.model["num_layers"] >= 2 * p.pp for p in zb_v)
     assert {p.model["arch"] for p in plans} == {"gpt", "llama", "bert", "moe", "mlp", "cnn"}
     assert len({c.label() for c in grid}) == len(grid)
     for c, p in zip(grid, plans):
@@ -256,6 +264,17 @@ MOE_NOT_YET_MEASURED = [{"step": "moe-small world=1 default strategy"},
                         {"step": "moe-small world=1 moe_capacity_factor=2.0"},
                         {"step": "moe-small world=2 default strategy"}]
 
+#: The step grid's ZB-V configurations (added with the harness's ZB-V schedule), not measured yet either.
+ZBV_NOT_YET_MEASURED = [
+    {"step": f"{name} world={world} global_batch_size={gbs} pipeline_schedule=zb-v pp={world} "
+             "virtual_pipeline_stages=2"}
+    for name, world, gbs in (("gpt-small", 2, 4), ("gpt-medium", 2, 4), ("llama-small", 2, 4), ("llama-medium", 2, 4),
+                             ("bert-small", 2, 4), ("gpt-large", 4, 8), ("llama-large", 4, 8))]
+
+
+def _unmeasured_grid_config(config) -> bool:
+    return config.model.get("name") == "moe-small" or config.strategy.get("pipeline_schedule") == "zb-v"
+
 
 def test_committed_cpu_steps_cover_the_grid(tmp_path, monkeypatch):
     from pathlib import Path
@@ -270,11 +289,13 @@ def test_committed_cpu_steps_cover_the_grid(tmp_path, monkeypatch):
     data = Path(__file__).resolve().parents[1] / "datasets" / "measured" / "vm-xeon-2c"
     # every grid configuration has a record whose run is exactly what measure_step would now write, but the MoE
     # ones: added to the grid on 2026-11-22, on a VM whose CPU model differs from the data set's, where
-    # add_missing_steps refuses to measure them (experiments/moe_capacity.py times them there instead)
-    assert collect.add_missing_steps(data, dry_run=True) == MOE_NOT_YET_MEASURED
+    # add_missing_steps refuses to measure them (experiments/moe_capacity.py times them there instead); and the
+    # ZB-V ones, added to the grid with the harness's ZB-V schedule and not measured yet
+    missing = collect.add_missing_steps(data, dry_run=True)
+    assert sorted(missing, key=str) == sorted(MOE_NOT_YET_MEASURED + ZBV_NOT_YET_MEASURED, key=str)
     grid = steps_module.step_grid
     monkeypatch.setattr(steps_module, "step_grid", lambda quick=False, device="cpu": [
-        c for c in grid(quick, device) if c.model.get("name") != "moe-small"])
+        c for c in grid(quick, device) if not _unmeasured_grid_config(c)])
     assert collect.add_missing_steps(data, dry_run=True) == []
     steps = pd.read_parquet(data / "steps_cpu.parquet")
     hsdp = [json.loads(r)["strategy"] for r in steps["run"] if '"dp_replicate"' in r]

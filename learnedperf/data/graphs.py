@@ -142,7 +142,7 @@ def _stage_signature(stage: Any) -> tuple:
 
 def build_graph(eg: Any, cost: Any) -> GraphBuilder:
     """The coarsened graph of execution graph ``eg`` with op times from cost model ``cost``."""
-    from ..graph.execution import gradient_buckets, replica_allreduce
+    from ..graph.execution import gradient_buckets, replica_allreduce, stage_of
     from ..graph.ops import Group, comm
 
     run = eg.run
@@ -282,13 +282,20 @@ def build_graph(eg: Any, cost: Any) -> GraphBuilder:
                 g.edge(last_opt, i, _DATA)
             last_opt = i
 
-    # pipeline: virtual stage vs → vs+1 (forward activations) and back (gradients), through p2p nodes
+    # pipeline: virtual stage vs → vs+1 (forward activations) and back (gradients), through p2p nodes; chunk
+    # vs // pp of its rank (interleaved or in a V), where the turn of a V hands them over in place
     if n_v > 1:
         send_f: dict[tuple[int, int], int] = {}
         send_b: dict[tuple[int, int], int] = {}
         for vs in range(n_v - 1):
-            a = (group_of_stage[vs % pp], vs // pp)
-            b = (group_of_stage[(vs + 1) % pp], (vs + 1) // pp)
+            rank_a, rank_b = stage_of(vs, pp, s.v_shape), stage_of(vs + 1, pp, s.v_shape)
+            a = (group_of_stage[rank_a], vs // pp)
+            b = (group_of_stage[rank_b], (vs + 1) // pp)
+            if rank_a == rank_b:
+                g.edge(f_last[a], f_first[b], _DATA)
+                if not s.forward_only:
+                    g.edge(b_last[b], b_first[a], _DATA)
+                continue
             stage_a, count_a = groups[a[0]]
             stage_b, count_b = groups[b[0]]
             if a not in send_f:

@@ -21,9 +21,9 @@ What is covered, and how:
   bandwidths drawn where the catalog has none;
 * **cluster size** — ``2^k`` devices with ``k`` uniform in 0..14 (1 to 16,384),
   some ``3·2^k`` (as the 3,072-GPU SC21 runs);
-* **strategy** — tp, pp (gpipe / 1f1b / interleaved / zero bubble H1), dp, cp, ep (MoE; with DeepEP's dispatch or
-  all-to-alls overlapped, a third of the time each; experts padded to a capacity factor of 1-2 in 30 % of MoE
-  runs), ZeRO 0-3,
+* **strategy** — tp, pp (gpipe / 1f1b / interleaved / zero bubble H1 and ZB-V), dp, cp, ep (MoE; with DeepEP's
+  dispatch or all-to-alls overlapped, a third of the time each; experts padded to a capacity factor of 1-2 in
+  30 % of MoE runs), ZeRO 0-3,
   FSDP, hybrid sharding (a third of the sharded runs whose data-parallel group leaves a node: mostly
   one copy of the states per node, as FSDP's HYBRID_SHARD, else any valid copy count), recompute
   none / selective / full, sequence parallelism, every precision the device supports
@@ -60,7 +60,7 @@ from typing import Any, Iterator, Optional
 
 from ..errors import InputError, LearnedPerfError, SpecError
 
-SAMPLER_VERSION = "8"
+SAMPLER_VERSION = "9"
 """Version of the sampling distribution; a change gives other runs for the same seed."""
 
 FAMILIES = ("gpt", "llama", "bert", "moe")
@@ -105,6 +105,9 @@ _CAPACITY_FACTORS = (1.0, 1.25, 1.5, 2.0)
 #: share of 1F1B pipelines (without layer-by-layer gathers) drawn as zero bubble H1 instead: a sampling choice
 #: so that the split backward appears in training, not a measured share
 _ZB_H1_SHARE = 0.3
+#: share of interleaved pipelines of two chunks per rank (without layer-by-layer gathers) drawn as ZB-V instead:
+#: a sampling choice so that the V placement appears in training, not a measured share
+_ZB_V_SHARE = 0.5
 _BYTES_PER_PARAM = 18.0  # bf16 weights 2 + fp32 grads 4 + fp32 master 4 + two Adam moments 8 (ZeRO paper §3.1)
 
 
@@ -370,9 +373,22 @@ def _draw_strategy(rng: random.Random, spec_model: Any, device: dict, num_device
         s["optimizer"] = "sgd"
     if rng.random() < _FORWARD_ONLY_SHARE:
         _forward_only(s)
-    elif s.get("pipeline_schedule") == "1f1b" and not _per_layer_sharding(s) and rng.random() < _ZB_H1_SHARE:
-        s["pipeline_schedule"] = "zb-h1"  # (not modelled with layer-by-layer gathers; no backward to split)
+    elif _per_layer_sharding(s):
+        pass  # zero-bubble schedules are not modelled with layer-by-layer gathers (nor without a backward)
+    elif s.get("pipeline_schedule") == "1f1b" and rng.random() < _ZB_H1_SHARE:
+        s["pipeline_schedule"] = "zb-h1"
+    elif (s.get("pipeline_schedule") == "interleaved" and s.get("virtual_pipeline_stages") == 2
+          and rng.random() < _ZB_V_SHARE):
+        s["pipeline_schedule"] = "zb-v"
     return s
+
+
+def _no_zero_bubble(s: dict) -> None:
+    """Turn a zero-bubble schedule of strategy ``s`` into the one it was drawn from: ZB-H1 into 1F1B, ZB-V into
+    Megatron's interleaving of the same two chunks per rank (the draw kept its micro-batches a multiple of pp)."""
+    back = {"zb-h1": "1f1b", "zb-v": "interleaved"}.get(s.get("pipeline_schedule"))
+    if back:
+        s["pipeline_schedule"] = back
 
 
 def _per_layer_sharding(s: dict) -> bool:
@@ -413,8 +429,7 @@ def _memory_relief(rng: random.Random, s: dict) -> dict:
         s["zero_stage"] = rng.choice((zero + 1, top)) if zero < top - 1 else top
         if s["zero_stage"] == 3:
             s.pop("overlap_grad_reduce", None)  # see _draw_strategy
-            if s.get("pipeline_schedule") == "zb-h1":
-                s["pipeline_schedule"] = "1f1b"  # see _draw_strategy
+            _no_zero_bubble(s)  # see _draw_strategy
     elif s.get("recompute") != "full":
         s["recompute"] = "full"
     else:
@@ -614,8 +629,7 @@ def _take_style(s: dict, anchor: dict) -> None:
             s[key] = anchor[key]
     if s.get("forward_only"):
         _forward_only(s)
-        if s.get("pipeline_schedule") == "zb-h1":
-            s["pipeline_schedule"] = "1f1b"  # no backward to split
+        _no_zero_bubble(s)  # no backward to split
     elif s.get("optimizer") == "none" and not s.get("fsdp") and s.get("zero_stage", 0) in (1, 2):
         s.pop("zero_stage")  # ZeRO-1/2 shard only optimizer states and gradients
         s.pop("dp_replicate", None)

@@ -37,11 +37,11 @@ from ..graph.transformer import (backward_of, embedding_backward, embedding_forw
 from ..simulate.simulator import kernels_beside_alltoalls_s
 from .ops import FeatureSchema
 
-RUN_FEATURE_SCHEMA_VERSION = 7
+RUN_FEATURE_SCHEMA_VERSION = 8
 """Version of :data:`RUN_FEATURE_SCHEMA`; bumped on any change of names, order or meaning."""
 
 _ARCHS = ("gpt", "llama", "bert", "moe")
-_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
+_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v")
 _RECOMPUTE = ("none", "selective", "full")
 _PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
 _BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
@@ -278,14 +278,14 @@ def _collective_s(ctx: RunContext, kind: str, nbytes: float, group: Any, dtype: 
 
 def run_stage_loads(run: Any, ctx: RunContext) -> list:
     """The run's :func:`~learnedperf.graph.execution.stage_loads`, cached in ``ctx`` by what they depend
-    on besides the model: tp, pp, virtual stages and ep."""
+    on besides the model: tp, pp, virtual stages, their V placement and ep."""
     s = run.strategy
-    key = (s.tp, s.pp, s.virtual_pipeline_stages, s.ep)
+    key = (s.tp, s.pp, s.virtual_pipeline_stages, s.v_shape, s.ep)
     hit = ctx.loads.get(key)
     if hit is None:
         if len(ctx.loads) >= 4096:
             ctx.loads.pop(next(iter(ctx.loads)))
-        hit = ctx.loads[key] = stage_loads(chunk_layout(run), s.pp)
+        hit = ctx.loads[key] = stage_loads(chunk_layout(run), s.pp, v_shape=s.v_shape)
     return hit
 
 
@@ -308,8 +308,9 @@ def analytic_time(run: Any, ctx: RunContext, loads: Optional[list] = None) -> An
     dense_c, dense_mem, dense_comm, moe_c, moe_comm, emb, head, dense_w, moe_w = layer_cost(run, ctx)
     moe_layers = ctx.num_moe_layers / pp
     dense_layers = m.num_layers / pp - moe_layers
-    # the critical rank holds a stage's layers and the larger of embedding and head (both without a pipeline)
-    ends = emb + head if pp == 1 else max(emb, head)
+    # the critical rank holds a stage's layers and the larger of embedding and head (both without a pipeline,
+    # and on rank 0 in a V)
+    ends = emb + head if pp == 1 or s.v_shape else max(emb, head)
     compute = (dense_layers * dense_c + moe_layers * moe_c + ends) * mb
     layer_comm = (dense_layers * dense_comm + moe_layers * moe_comm) * mb
     memory_bound = dense_layers * dense_mem * mb
@@ -322,7 +323,7 @@ def analytic_time(run: Any, ctx: RunContext, loads: Optional[list] = None) -> An
         # activations forward, their gradients backward
         pp_s = (1 if s.forward_only else 2) * p2p * mb * v / _link_Bps(ctx, pp, tp * cp * dp)
     if loads is None:
-        loads = stage_loads(chunk_layout(run), pp)
+        loads = stage_loads(chunk_layout(run), pp, v_shape=s.v_shape)
     heaviest = max(loads, key=lambda ld: ld.dense_params + ld.expert_params)
     dense_p, expert_p = heaviest.dense_params, heaviest.expert_params
     zero = s.effective_zero_stage
@@ -395,12 +396,18 @@ def analytic_time(run: Any, ctx: RunContext, loads: Optional[list] = None) -> An
     local = sharded_params(s, dense_p, expert_p, 1)  # the optimizer step runs on this rank's shard
     opt = sum(ctx.cost.compute_time_s(op) for op in optimizer_ops(local, s.optimizer, s.weight_precision))
     bubble = (pp - 1) / (v * mb) if pp > 1 else 0.0
-    if s.pipeline_schedule == "zb-h1" and pp > 1:
-        # zero bubble H1: the weight gradients W fill the bubble, (p-1)(F+B-W) against 1F1B's (p-1)(F+B+W)
-        # (Qi et al., ICLR 2024, Table 1)
-        layers_s = dense_layers * dense_c + moe_layers * moe_c
+    layers_s = dense_layers * dense_c + moe_layers * moe_c
+    if s.zero_bubble and pp > 1 and layers_s > 0:
         w_s = dense_layers * dense_w + moe_layers * moe_w
-        bubble *= max(0.0, layers_s - 2.0 * w_s) / layers_s if layers_s > 0 else 1.0
+        if s.v_shape:
+            # ZB-V (PyTorch's order): the last rank starts a chunk's forward F late, then idles no more when F
+            # and the input gradient B take as long: (p-1)F against interleaving's (p-1)(F+B+W) of a chunk,
+            # with F taken as half of F+B; below the simulator's bubble when they differ (unit costs, ad hoc)
+            bubble *= max(0.0, layers_s - w_s) / (2.0 * layers_s)
+        else:
+            # zero bubble H1: the weight gradients W fill the bubble, (p-1)(F+B-W) against 1F1B's (p-1)(F+B+W)
+            # (Qi et al., ICLR 2024, Table 1)
+            bubble *= max(0.0, layers_s - 2.0 * w_s) / layers_s
     return AnalyticTime(compute, layer_comm, flops / peak, memory_bound, pp_s, dp_s, opt, bubble, exposed)
 
 

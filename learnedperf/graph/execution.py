@@ -187,6 +187,74 @@ def schedule_zb_h1(p: int, m: int, stage: int) -> list[tuple[str, int, int]]:
     return order
 
 
+def schedule_zb_v(p: int, m: int, stage: int) -> list[tuple[str, int, int]]:
+    """ZB-V (Qi et al., ICLR 2024, section 6): rank ``stage`` holds chunk 0 (virtual stage ``stage``) and chunk
+    1 (virtual stage ``2p-1-stage``), so the first and the last virtual stage share rank 0; the backward is
+    split into ``B`` and ``W``.
+
+    The order is PyTorch's ``ScheduleZBVZeroBubble`` (``torch.distributed.pipelining``, the schedule torchtitan
+    runs as ``ZBVZeroBubble``): rank ``r = stage`` runs ``2(p-r)-1`` chunk-0 forwards, ``r`` pairs of chunk-1
+    and chunk-0 forwards, ``p-r`` triples F, B, W of chunk 1, a steady state of F, B, W on chunk 0 then chunk 1,
+    then a cool-down of the remaining ``B`` and the deferred ``W``. Like PyTorch it lays out at least ``2p-1``
+    micro-batches and drops the units of those the step does not have. Every rank holds up to ``2p`` chunk
+    forwards between their forward and their ``B``: ``p`` micro-batches of a whole stage, 1F1B's first stage.
+    """
+    n = max(2 * p - 1, m)
+    c0, c1 = 0, 1
+    order: list[tuple[str, int, int]] = []
+    count = {("F", 0): 0, ("F", 1): 0, ("B", 0): 0, ("B", 1): 0}
+
+    def unit(kind: str, chunk: int) -> None:
+        order.append((kind, chunk, count[(kind, chunk)]))
+        count[(kind, chunk)] += 1
+
+    def triple(chunk: int) -> None:
+        # a B and its W at once
+        unit("B", chunk)
+        order.append(("W", chunk, order[-1][2]))
+
+    for _ in range(2 * (p - stage) - 1):
+        unit("F", c0)
+    for _ in range(stage):
+        unit("F", c1)
+        unit("F", c0)
+    for _ in range(p - stage):
+        unit("F", c1)
+        triple(c1)
+    while count[("F", 1)] < count[("F", 0)] or count[("F", 0)] < n:
+        if count[("F", 0)] < n:
+            unit("F", c0)
+        triple(c0)
+        unit("F", c1)
+        triple(c1)
+    w0, w1 = count[("B", 0)], count[("B", 1)]
+    for _ in range(stage):
+        unit("B", c0)
+        unit("B", c1)
+    for _ in range(p - stage):
+        unit("B", c0)
+        order.append(("W", c0, w0))
+        w0 += 1
+    order += [("W", c1, k) for k in range(w1, count[("B", 1)])]
+    order += [("W", c0, k) for k in range(w0, count[("B", 0)])]
+    return [u for u in order if u[2] < m]
+
+
+def stage_of(vstage: int, pp: int, v_shape: bool) -> int:
+    """The pipeline rank that holds virtual stage ``vstage``: ``vstage mod pp`` (Megatron's interleaving, rank ``r``
+    holding ``r, r+p, ...``), or in a V (ZB-V) ``vstage`` for the first ``pp`` and ``2pp-1-vstage`` after."""
+    if v_shape and vstage >= pp:
+        return 2 * pp - 1 - vstage
+    return vstage % pp
+
+
+def rank_vstages(stage: int, pp: int, v: int, v_shape: bool) -> list[int]:
+    """The virtual stages of rank ``stage``'s chunks, in chunk order (the inverse of :func:`stage_of`)."""
+    if v_shape:
+        return [stage, 2 * pp - 1 - stage]
+    return [c * pp + stage for c in range(v)]
+
+
 def is_weight_gradient(op: Op) -> bool:
     """True for a GEMM's weight-gradient pass (:func:`~learnedperf.graph.transformer.backward_of`'s
     ``.wgrad``), which a zero-bubble schedule runs apart from the rest of the backward."""
@@ -213,20 +281,21 @@ def _spread(total: int, slots: list[int], centre: float) -> dict[int, int]:
     return counts
 
 
-def _layers_per_vstage(num_layers: int, pp: int, v: int = 1) -> list[int]:
+def _layers_per_vstage(num_layers: int, pp: int, v: int = 1, v_shape: bool = False) -> list[int]:
     """Layers of each of the ``pp·v`` virtual stages, in virtual-stage order.
 
     Layers that do not divide go to the middle: first over the pipeline *ranks* (the first holds the
     embedding, the last the LM head), then, within a rank, to its chunks nearest the model's middle.
     Llama 3 405B's 126 layers on 16 ranks × 2 chunks give ranks of 7, 8, …, 8, 7 layers, the first and
     last chunk 3 (Llama Team 2024, arXiv 2407.21783, section 3.3.2: one layer fewer on the first and
-    the last stage).
+    the last stage). In a V (``v_shape``) rank 0 holds both the embedding and the LM head, so the
+    spare layers go to the ranks farthest from it, and a rank's two chunks are its V pair.
     """
     n = pp * v
-    per_rank = _spread(num_layers, list(range(pp)), (pp - 1) / 2)
+    per_rank = _spread(num_layers, list(range(pp)), pp - 1 if v_shape else (pp - 1) / 2)
     counts = [0] * n
     for rank in range(pp):
-        for vs, c in _spread(per_rank[rank], list(range(rank, n, pp)), (n - 1) / 2).items():
+        for vs, c in _spread(per_rank[rank], rank_vstages(rank, pp, v, v_shape), (n - 1) / 2).items():
             counts[vs] = c
     return counts
 
@@ -333,7 +402,7 @@ def chunk_layout(run: RunSpec) -> list[ChunkLayout]:
     """
     model, s = run.model, run.strategy
     tp, n_v = s.tp, s.pp * s.virtual_pipeline_stages
-    counts = _layers_per_vstage(model.num_layers, s.pp, s.virtual_pipeline_stages)
+    counts = _layers_per_vstage(model.num_layers, s.pp, s.virtual_pipeline_stages, s.v_shape)
     h, V = model.hidden_size, model.vocab_size
     # MLA's down projections are whole on every tensor-parallel rank; the rest of a layer is split tp ways
     kept = model.tp_replicated_layer_params
@@ -351,8 +420,9 @@ def chunk_layout(run: RunSpec) -> list[ChunkLayout]:
         if vs == 0:
             root += model.embedding_params() / tp
         if vs == n_v - 1:
-            if not model.tie_embeddings or n_v > 1:
-                root += V * h / tp  # untied head, or the last stage's own copy of a tied embedding
+            if not model.tie_embeddings or (n_v > 1 and not s.v_shape):
+                # untied head, or the last stage's own copy of a tied embedding (in a V it is rank 0's table)
+                root += V * h / tp
             root += (2 if model.norm == "layernorm" else 1) * h  # final norm (weight, bias)
         dense_p = n_dense * dense_layer_params + n_moe * moe_attn_params + root
         out.append(ChunkLayout(vs, n_layers, n_dense, n_moe, dense_p, n_moe * expert_layer_params,
@@ -372,20 +442,22 @@ class StageLoad:
     root_params: float = 0.0  # of dense_params, those outside the layers (embedding, final norm, LM head)
 
 
-def stage_loads(layout: list, pp: int) -> list[StageLoad]:
-    r"""Per pipeline rank (``pp`` of them), the sums over its chunks ``layout[rank::pp]``.
+def stage_loads(layout: list, pp: int, *, v_shape: bool) -> list[StageLoad]:
+    r"""Per pipeline rank (``pp`` of them), the sums over its chunks (:func:`rank_vstages`: ``layout[rank::pp]``,
+    or ranks ``r`` and ``2pp-1-r`` in a V).
 
     ``layout`` lists every virtual stage's chunk in order: :class:`ChunkLayout`\ s, or a compiled
     graph's :class:`Chunk`\ s (both carry ``vstage``, ``num_layers``, the parameter counts and
     ``layer_params``).
 
-    Depends on the model and on tp, pp, virtual stages and ep only, so a planner's strategies
-    that share those share it.
+    Depends on the model and on tp, pp, virtual stages, the V placement and ep only, so a planner's
+    strategies that share those share it.
     """
     last = len(layout) - 1
+    v = len(layout) // pp
     out = []
     for st in range(pp):
-        chunks = layout[st::pp]
+        chunks = [layout[vs] for vs in rank_vstages(st, pp, v, v_shape)]
         out.append(StageLoad(sum(c.dense_params for c in chunks), sum(c.expert_params for c in chunks),
                              sum(c.num_layers for c in chunks) / max(1, len(chunks)),
                              any(c.vstage == last for c in chunks), chunks[0].layer_params,
@@ -417,13 +489,13 @@ def compile_run(run: RunSpec, num_microbatches: int | None = None) -> ExecutionG
     moe_layer_fwd = layer_forward(model, sh, True, "moe_layer") if model.is_moe else []
     n_v = pp * v
     layout = chunk_layout(run)
+    one_table = n_v == 1 or s.v_shape  # the embedding and the LM head on one rank share a tied table
 
     stages: list[Stage] = []
     bwd_memo: dict[int, list[Op]] = {}
     for st in range(pp):
         chunks: list[Chunk] = []
-        for c in range(v):
-            vs = c * pp + st
+        for vs in rank_vstages(st, pp, v, s.v_shape):
             cl = layout[vs]
             fwd: list[Block] = []
             emb = embedding_forward(model, sh) if vs == 0 else None
@@ -440,7 +512,7 @@ def compile_run(run: RunSpec, num_microbatches: int | None = None) -> ExecutionG
                 key = id(ops)
                 if key not in bwd_memo:  # identical layers share one backward list (and its cost cache)
                     if ops is emb:
-                        bwd_memo[key] = embedding_backward(model, sh, model.tie_embeddings and n_v == 1)
+                        bwd_memo[key] = embedding_backward(model, sh, model.tie_embeddings and one_table)
                     else:
                         # Megatron recomputes transformer layers only, never the embedding or the LM head
                         layer = ops is dense_layer_fwd or ops is moe_layer_fwd
@@ -459,6 +531,8 @@ def compile_run(run: RunSpec, num_microbatches: int | None = None) -> ExecutionG
             sched = schedule_interleaved(pp, v, m, st)
         elif s.pipeline_schedule == "zb-h1":
             sched = schedule_zb_h1(pp, m, st)
+        elif s.pipeline_schedule == "zb-v":
+            sched = schedule_zb_v(pp, m, st)
         else:
             sched = schedule_1f1b(pp, m, st)
         # ZeRO shards the optimizer step as it shards the optimizer states
@@ -468,7 +542,8 @@ def compile_run(run: RunSpec, num_microbatches: int | None = None) -> ExecutionG
     h, V = model.hidden_size, model.vocab_size
     # with sequence parallelism Megatron sends only this rank's 1/tp of the activations between stages
     p2p_bytes = sh.tokens * h * sh.e_res / (tp if sh.sp else 1)  # the residual stream crosses stages
-    tied = V * h / tp * gbytes if (model.tie_embeddings and n_v > 1 and not s.forward_only) else 0.0
+    # a tied table on two ranks sums its gradients between them; in a V both ends share rank 0 and one table
+    tied = V * h / tp * gbytes if (model.tie_embeddings and not one_table and not s.forward_only) else 0.0
     return ExecutionGraph(run, stages, m, p2p_bytes, pp_group, dp_group, expert_dp_group, tp_group,
                           s.grad_bucket_size_MiB * MiB, gbytes, pbytes, tied, shard_group, expert_shard_group,
                           replicate_group)

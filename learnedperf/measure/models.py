@@ -19,7 +19,8 @@ parallelism; the first stage also holds the embeddings, the last the final norm,
 the head and the loss) whose weight matrices are split over ``tp`` ranks the way
 Megatron-LM splits them (column-parallel QKV and first MLP matrix, row-parallel
 output projection and second MLP matrix, vocabulary-parallel embedding, head and
-cross entropy). With ``tp = pp = 1`` it is the plain model.
+cross entropy). With ``tp = pp = 1`` it is the plain model. Under ZB-V a rank holds two such
+parts, virtual stages ``r`` and ``2p-1-r`` of ``2p`` (:func:`build_v_chunks`).
 
 Weights are initialised from the *global* parameter name and a seed, full size,
 and then sliced (:func:`init_parameters`), so that any split of the same model
@@ -35,7 +36,7 @@ from __future__ import annotations
 import math
 import re
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 import torch
@@ -808,6 +809,30 @@ def build_model(model: dict, ctx: ParallelContext = ParallelContext(), recompute
         net = TransformerStage(m, ctx, recompute, moe_capacity_factor)
     init_parameters(net, seed)
     return net
+
+
+def build_v_chunks(model: dict, ctx: ParallelContext, recompute: str = "none", seed: int = 0) -> nn.ModuleList:
+    """This pipeline rank's two model chunks of a V-shaped schedule (ZB-V), chunk order.
+
+    The model is cut into ``2p`` virtual stages (``p = ctx.num_stages``) as a ``2p``-stage pipeline would cut it
+    (:func:`partition_layers`); rank ``r = ctx.stage`` holds virtual stage ``r`` (chunk 0) and ``2p-1-r``
+    (chunk 1), so rank 0 holds both the embedding and the head. Each chunk is a :class:`TransformerStage` of that
+    virtual stage, initialised from the global parameter names as :func:`build_model` does, so the chunks hold
+    exactly the one-process model's weights of their layers. Both chunks use ``ctx``'s tensor-parallel slice and
+    its one :class:`WeightGradStore`. A tied head on rank 0 *is* the embedding (one table, its gradient the sum
+    of the head's and the embedding's), where a head on another rank than the embedding would be a copy.
+    The returned list's ``parameters()`` holds each parameter once.
+    """
+    p, r = ctx.num_stages, ctx.stage
+    chunks = nn.ModuleList()
+    for vstage in (r, 2 * p - 1 - r):
+        chunk = TransformerStage(model, replace(ctx, stage=vstage, num_stages=2 * p), recompute)
+        init_parameters(chunk, seed)
+        chunks.append(chunk)
+    if chunks[0].spec.tie_embeddings and r == 0:
+        # the head copy was initialised like the embedding; sharing the Parameter keeps them one table
+        chunks[1].head = chunks[0].embed
+    return chunks
 
 
 def make_batch(model: dict, micro_batch_size: int, seed: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -696,14 +696,13 @@ def _hybrid(raw: str, base: dict, tp: int, cp: int, dp: int, per_node: int, assu
 # zero-bubble pipeline schedules (Qi et al., ICLR 2024, "Zero Bubble Pipeline Parallelism": ZB-H1, ZB-H2, ZB-V and
 # the automatic ZB-1p/ZB-2p; torchtitan's InterleavedZeroBubble and ZBVZeroBubble; DeepSeek-V3's DualPipe/DualPipeV)
 _ZERO_BUBBLE = re.compile(r"zero[\s_-]*bubble|\bzb[\s_-]*(?:h[\s_-]*[12]|[12][\s_-]*p|v|vpp)\b|\bzbv|dual[\s_-]*pipe")
-# the kinds a row's words name → why each one is not modelled (None: ZB-H1, the run format's "zb-h1"), checked in this
-# order; "ZB-VPP" is the zero-bubble repository's interleaved variant, not ZB-V
+# the kinds a row's words name → why each one is not modelled (None: ZB-H1 and ZB-V, the run format's "zb-h1" and
+# "zb-v"), checked in this order; "ZB-VPP" is the zero-bubble repository's interleaved variant, not ZB-V
 _ZB_KINDS = (
     ("interleaved zero bubble", re.compile(r"(?<!non)(?<!non[\s-])interleav|\bzb[\s_-]*vpp\b"),
      "an interleaved zero-bubble schedule (torchtitan's InterleavedZeroBubble, ZB-VPP) runs several model chunks "
      "per rank in Megatron's interleaved order, and 'zb-h1' has one chunk per rank"),
-    ("ZB-V", re.compile(r"\bzb[\s_-]*v\b|\bzbv(?!pp)"),
-     "ZB-V places two model chunks on each rank in a V shape (the first and the last stage on one rank)"),
+    ("ZB-V", re.compile(r"\bzb[\s_-]*v\b|\bzbv(?!pp)"), None),
     ("DualPipe", re.compile(r"dual[\s_-]*pipe"),
      "DualPipe feeds micro-batches into both ends of the pipeline, two model chunks on each rank (DualPipeV: "
      "the same in a V shape)"),
@@ -723,9 +722,10 @@ _ZB_DEPTH = re.compile(r"\b(?:vpp|vp|v|chunks?|virtual[\w ]*?)\s*[=:]?\s*(\d+)"
 
 def _zero_bubble(raw: str, text: str, assumed: list) -> dict:
     """The schedule of a row whose ``vpp_or_schedule`` names a zero-bubble schedule: ZB-H1 → ``zb-h1`` (one model
-    chunk per rank); any other kind, several kinds, or none stated is skipped with its reason."""
+    chunk per rank), ZB-V → ``zb-v`` (two in a V); any other kind, several kinds, none stated, or a depth the kind
+    does not have is skipped with its reason."""
     named = [(kind, why) for kind, pattern, why in _ZB_KINDS if pattern.search(text)]
-    head = f"vpp_or_schedule {raw!r}: of the zero-bubble schedules only ZB-H1 is modelled"
+    head = f"vpp_or_schedule {raw!r}: of the zero-bubble schedules only ZB-H1 and ZB-V are modelled"
     interleaved = [why for kind, why in named if kind == "interleaved zero bubble"]
     if interleaved:
         raise _Skip(f"{head}; {interleaved[0]}")
@@ -734,14 +734,18 @@ def _zero_bubble(raw: str, text: str, assumed: list) -> dict:
     if not named:
         raise _Skip(f"{head}; the row does not say which kind (ZB-H1, ZB-H2, ZB-V, DualPipe): they differ in the "
                     "micro-batches in flight and the placement of model chunks")
-    _kind, why = named[0]
+    kind, why = named[0]
     if why is not None:
         raise _Skip(f"{head}; {why}")
     found = _ZB_DEPTH.search(text)
-    depth = int(found.group(1) or found.group(2)) if found else 1
-    if depth > 1:
-        raise _Skip(f"vpp_or_schedule {raw!r}: ZB-H1 places one model chunk on each rank, but the row states "
-                    f"{depth} virtual stages; zb-h1 needs virtual_pipeline_stages 1")
+    chunks = 2 if kind == "ZB-V" else 1
+    depth = int(found.group(1) or found.group(2)) if found else chunks
+    if depth != chunks:
+        placed = "two model chunks" if chunks == 2 else "one model chunk"
+        raise _Skip(f"vpp_or_schedule {raw!r}: {kind} places {placed} on each rank, but the row states {depth} "
+                    f"virtual stages; {kind.lower()} needs virtual_pipeline_stages {chunks}")
+    if kind == "ZB-V":
+        return {"pipeline_schedule": "zb-v", "virtual_pipeline_stages": 2}
     if _ZB_1P.search(text):
         assumed.append("zb-h1 for ZB-1p (the paper's automatic schedule within 1F1B's activation memory)")
     return {"pipeline_schedule": "zb-h1"}
@@ -774,7 +778,8 @@ def _schedule(row: dict, pp: int, assumed: list) -> dict:
         if not text:
             assumed.append("1F1B pipeline schedule (blank)")
         return {"pipeline_schedule": "1f1b"}
-    raise _Skip(f"field 'vpp_or_schedule': {_cell(row, 'vpp_or_schedule')!r} is not 1F1B, GPipe, interleaved or ZB-H1")
+    raise _Skip(f"field 'vpp_or_schedule': {_cell(row, 'vpp_or_schedule')!r} is not 1F1B, GPipe, interleaved, ZB-H1 "
+                "or ZB-V")
 
 
 def _strategy(row: dict, model: dict, num_gpus: int, per_node: int, assumed: list) -> dict:

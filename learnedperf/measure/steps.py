@@ -17,11 +17,14 @@ one process per rank started by :func:`torch.multiprocessing.start_processes`
   embedding, head and cross entropy); with ``dp`` the TP model is wrapped in DDP
   over the data-parallel group;
 * ``pp`` — pipeline stages exchanging activations and gradients with
-  ``torch.distributed`` send/recv, GPipe (all forwards, then all backwards) or
-  1F1B (Narayanan et al. 2021, non-interleaved); ``global_batch_size /
-  (dp·micro_batch_size)`` micro-batches; tied embeddings kept equal by an
-  all-reduce between first and last stage; with ``dp`` gradients are all-reduced
-  in ``grad_bucket_size_MiB`` buckets after the pipeline flush;
+  ``torch.distributed`` send/recv, GPipe (all forwards, then all backwards),
+  1F1B (Narayanan et al. 2021, non-interleaved), ZB-H1 (1F1B whose backward
+  leaves the weight gradients to later ``W`` passes) or ZB-V (two model chunks per
+  rank in a V, ``virtual_pipeline_stages`` 2, PyTorch's ``ScheduleZBVZeroBubble``
+  order); ``global_batch_size / (dp·micro_batch_size)`` micro-batches; tied
+  embeddings kept equal by an all-reduce between first and last stage (under ZB-V
+  rank 0 holds both, as one table); with ``dp`` gradients are all-reduced in
+  ``grad_bucket_size_MiB`` buckets after the pipeline flush;
 * ``zero`` — ZeRO stage 1 with :class:`torch.distributed.optim.ZeroRedundancyOptimizer`
   over DDP;
 * ``fsdp`` — FSDP2 ``fully_shard`` per layer and at the root: FULL_SHARD (ZeRO-3),
@@ -38,7 +41,7 @@ one process per rank started by :func:`torch.multiprocessing.start_processes`
 
 Mixture-of-experts models (``arch`` ``moe``, :class:`learnedperf.measure.models.MoEFeedForward`) run with
 every expert on every rank (``tp = 1``, ``ep = 1``), dropless or padded to the expert capacity of the strategy's
-``moe_capacity_factor``, under any of the data-parallel and pipeline strategies above except ZB-H1.
+``moe_capacity_factor``, under any of the data-parallel and pipeline strategies above except ZB-H1 and ZB-V.
 
 On a GPU (``StepConfig.device = "cuda"``) a step runs in one process on ``cuda:0``: weights and
 micro-batches are moved there before timing, bf16 runs under CUDA's autocast, the timer waits for
@@ -93,7 +96,19 @@ STRATEGY_DEFAULTS: dict[str, Any] = {
     # a MoE model's expert capacity (None: dropless); ep is accepted at the run format's 1 only, so that a
     # config asking for expert parallelism is refused by name rather than as an unknown key
     "moe_capacity_factor": None, "ep": 1,
+    # model chunks per pipeline rank: 2 for ZB-V's V, 1 for every other schedule (interleaving is not measured)
+    "virtual_pipeline_stages": 1,
 }
+
+#: Pipeline schedules a measured step runs (:func:`chunked_schedule`).
+PIPELINE_SCHEDULES = ("gpipe", "1f1b", "zb-h1", "zb-v")
+
+#: Schedules whose backward leaves the weight gradients to ``W`` passes (``measure.models.WeightGradStore``).
+ZERO_BUBBLE_SCHEDULES = ("zb-h1", "zb-v")
+
+#: Schedules with two model chunks per rank in a V (rank ``r`` holds virtual stages ``r`` and ``2p-1-r``).
+V_SHAPE_SCHEDULES = ("zb-v",)
+
 
 # --------------------------------------------------------------------------- model dicts
 def _positive_int(value: Any, field_name: str) -> int:
@@ -151,7 +166,8 @@ class StepConfig:
         world_size: processes (ranks).
         strategy: run-format strategy keys (see :data:`STRATEGY_DEFAULTS`): ``tp``,
             ``pp``, ``dp``, ``micro_batch_size``, ``global_batch_size``,
-            ``pipeline_schedule`` ('gpipe' | '1f1b'), ``zero_stage`` (0-3), ``fsdp``,
+            ``pipeline_schedule`` ('gpipe' | '1f1b' | 'zb-h1' | 'zb-v'), ``virtual_pipeline_stages``
+            (model chunks per pipeline rank: 2 for 'zb-v', 1 otherwise), ``zero_stage`` (0-3), ``fsdp``,
             ``grad_bucket_size_MiB``, ``precision`` ('fp32' | 'bf16'), ``recompute``
             ('none' | 'full'), ``optimizer`` ('adam' | 'sgd'), ``dp_replicate`` (HSDP replicas of
             the FSDP2 states, dividing ``dp``; 1 = sharded over all of ``dp``),
@@ -310,13 +326,21 @@ def plan_step(config: StepConfig) -> StepPlan:
     if gbs % (mbs * dp):
         raise bad("strategy.global_batch_size",
                   f"{gbs} is not divisible by micro_batch_size·dp = {mbs}·{dp} = {mbs * dp}")
-    if s["pipeline_schedule"] not in ("gpipe", "1f1b", "zb-h1"):
-        raise bad("strategy.pipeline_schedule", f"expected 'gpipe', '1f1b' or 'zb-h1', got {s['pipeline_schedule']!r}")
-    if s["pipeline_schedule"] == "zb-h1" and pp < 2:
-        raise bad("strategy.pipeline_schedule", "'zb-h1' needs pp >= 2")
-    if s["pipeline_schedule"] == "zb-h1" and s["precision"] != "fp32":
+    sched = s["pipeline_schedule"]
+    if sched not in PIPELINE_SCHEDULES:
+        raise bad("strategy.pipeline_schedule", f"expected one of {list(PIPELINE_SCHEDULES)}, got {sched!r}")
+    if sched in ZERO_BUBBLE_SCHEDULES and pp < 2:
+        raise bad("strategy.pipeline_schedule", f"{sched!r} needs pp >= 2")
+    if sched in ZERO_BUBBLE_SCHEDULES and s["precision"] != "fp32":
         # the deferred weight-gradient GEMMs (measure.models.WeightGradStore) are written without autocast
-        raise bad("strategy.pipeline_schedule", f"'zb-h1' is measured in fp32, not {s['precision']!r}")
+        raise bad("strategy.pipeline_schedule", f"{sched!r} is measured in fp32, not {s['precision']!r}")
+    chunks = s["virtual_pipeline_stages"]
+    want = 2 if sched in V_SHAPE_SCHEDULES else 1
+    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks != want:
+        # the run format's rule for 'zb-v'; the interleaved schedule, the only other one with chunks, is not built
+        what = "places two model chunks on each rank in a V" if want == 2 else "runs one model chunk per rank"
+        raise bad("strategy.virtual_pipeline_stages",
+                  f"pipeline_schedule {sched!r} {what}: expected {want}, got {chunks!r}")
     if s["zero_stage"] not in (0, 1, 2, 3) or isinstance(s["zero_stage"], bool):
         raise bad("strategy.zero_stage", f"expected 0, 1, 2 or 3, got {s['zero_stage']!r}")
     if not isinstance(s["fsdp"], bool):
@@ -356,9 +380,9 @@ def plan_step(config: StepConfig) -> StepPlan:
             # the router picks the top k of all experts; DeepSeek's group-limited routing is not built
             raise bad("model.moe_router_num_groups", "measured steps do not build group-limited routing: "
                                                      f"expected 1, got {model['moe_router_num_groups']}")
-        if arch == "moe" and s["pipeline_schedule"] == "zb-h1":
+        if arch == "moe" and sched in ZERO_BUBBLE_SCHEDULES:
             # the experts' stacked-weight GEMMs compute their weight gradients in the backward: no W pass to defer
-            raise bad("strategy.pipeline_schedule", "'zb-h1' is not measured for arch 'moe' (the experts' weight "
+            raise bad("strategy.pipeline_schedule", f"{sched!r} is not measured for arch 'moe' (the experts' weight "
                                                     "gradients are not deferred to W passes)")
         heads, kv = model["num_attention_heads"], model["num_kv_heads"]
         if heads % tp:
@@ -375,8 +399,11 @@ def plan_step(config: StepConfig) -> StepPlan:
         if model["position_embedding"] == "rope" and head_dim % 2:
             raise bad("model.head_dim" if "head_dim" in model else "model.hidden_size",
                       f"rotary embeddings need an even head_dim, got {head_dim}")
-        if model["num_layers"] < pp:
-            raise bad("strategy.pp", f"pp={pp} exceeds num_layers={model['num_layers']}")
+        if model["num_layers"] < pp * chunks:
+            # every virtual stage (pp of them, 2·pp in ZB-V's V) holds at least one layer
+            raise bad("strategy.pp", f"pp={pp} exceeds num_layers={model['num_layers']}" if chunks == 1 else
+                      f"pp·virtual_pipeline_stages = {pp}·{chunks} = {pp * chunks} exceeds "
+                      f"num_layers={model['num_layers']}")
     else:
         if tp > 1:
             dense = [a for a in TRANSFORMER_ARCHS if a != "moe"]  # moe is measured at tp = 1 only
@@ -424,6 +451,7 @@ def run_dict(config: StepConfig, hardware: dict) -> dict:
     """The run-format dict of a config on ``hardware`` (``num_devices`` set to the world size).
 
     The strategy states everything that shaped the step: parallel sizes, batch,
+    pipeline schedule (with ZB-V's ``virtual_pipeline_stages`` 2; left out at 1),
     precision, fused attention (SDPA), recomputation, ZeRO / FSDP, the gradient
     bucket, whether gradient reduction overlapped backward and a MoE model's expert
     capacity factor (left out when dropless).
@@ -446,7 +474,10 @@ def _run_dict(plan: StepPlan, hardware: dict) -> dict:
     strategy = {
         "tp": plan.tp, "pp": plan.pp, "dp": plan.dp,
         "micro_batch_size": s["micro_batch_size"], "global_batch_size": s["global_batch_size"],
-        "pipeline_schedule": s["pipeline_schedule"], "zero_stage": 3 if sharded == "fsdp" else s["zero_stage"],
+        "pipeline_schedule": s["pipeline_schedule"],
+        # left out at 1 (the run format's default), so that runs of single-chunk schedules keep their run ids
+        **({"virtual_pipeline_stages": s["virtual_pipeline_stages"]} if s["virtual_pipeline_stages"] > 1 else {}),
+        "zero_stage": 3 if sharded == "fsdp" else s["zero_stage"],
         # ZeRO-2 and -3 run on FSDP2 (per-layer gathers and reduce-scatters), whatever the config said
         "fsdp": sharded in ("zero2", "fsdp"), "recompute": s["recompute"], "precision": s["precision"],
         # bf16 steps run the fp32 model under torch.autocast (no bf16 weights, no master copy)
@@ -476,27 +507,44 @@ def global_rank(tp_rank: int, dp_rank: int, pp_rank: int, tp: int, dp: int) -> i
     return tp_rank + tp * (dp_rank + dp * pp_rank)
 
 
+def chunked_schedule(kind: str, stage: int, num_stages: int, num_microbatches: int) -> list[tuple[str, int, int]]:
+    """The order in which one pipeline rank runs its units, as ``(op, chunk, micro-batch)``: the simulator's
+    (:mod:`learnedperf.graph.execution`), so that what is measured is what is simulated.
+
+    ``op`` is 'F' (forward), 'B' (backward; under a zero-bubble schedule the input gradients only) or 'W'
+    (the weight gradients a zero-bubble 'B' left). ``chunk`` is 0 but under ZB-V, whose rank ``stage`` holds
+    chunk 0 (virtual stage ``stage``) and chunk 1 (virtual stage ``2·num_stages - 1 - stage``).
+    """
+    from ..graph.execution import schedule_1f1b, schedule_gpipe, schedule_zb_h1, schedule_zb_v
+
+    m = num_microbatches
+    if kind == "gpipe":
+        return schedule_gpipe(m)
+    if kind == "1f1b":
+        return schedule_1f1b(num_stages, m, stage)
+    if kind == "zb-h1":
+        return schedule_zb_h1(num_stages, m, stage)
+    if kind == "zb-v":
+        return schedule_zb_v(num_stages, m, stage)
+    raise InputError(f"strategy.pipeline_schedule: unknown schedule {kind!r}")
+
+
 def schedule(kind: str, stage: int, num_stages: int, num_microbatches: int) -> list[tuple[str, int]]:
-    """The order in which one pipeline stage runs forward ('F') and backward ('B') micro-batches: the
-    simulator's (:mod:`learnedperf.graph.execution`), so that what is measured is what is simulated.
+    """The order in which one pipeline stage of a single-chunk schedule runs forward ('F') and backward ('B')
+    micro-batches, as ``(op, micro-batch)`` (:func:`chunked_schedule` without the chunk).
 
     GPipe: every forward, then every backward. 1F1B: ``num_stages - stage - 1``
     warm-up forwards, then alternate one forward and one backward, then the
     remaining backwards (at most ``num_stages - stage`` micro-batches in flight).
     ZB-H1: 1F1B whose backwards ('B') leave their weight gradients to 'W' passes.
-    """
-    from ..graph.execution import schedule_1f1b, schedule_gpipe, schedule_zb_h1
 
-    m = num_microbatches
-    if kind == "gpipe":
-        order = schedule_gpipe(m)
-    elif kind == "1f1b":
-        order = schedule_1f1b(num_stages, m, stage)
-    elif kind == "zb-h1":
-        order = schedule_zb_h1(num_stages, m, stage)
-    else:
-        raise InputError(f"strategy.pipeline_schedule: unknown schedule {kind!r}")
-    return [(op, i) for op, _chunk, i in order]
+    Raises:
+        InputError: for ZB-V, whose units need their chunk (use :func:`chunked_schedule`).
+    """
+    if kind in V_SHAPE_SCHEDULES:
+        raise InputError(f"strategy.pipeline_schedule: {kind!r} runs two model chunks per rank; its order is "
+                         "chunked_schedule's")
+    return [(op, i) for op, _chunk, i in chunked_schedule(kind, stage, num_stages, num_microbatches)]
 
 
 # --------------------------------------------------------------------------- one rank
@@ -568,7 +616,9 @@ def _new_groups(plan: StepPlan, rank: int) -> dict:
                 g = dist.new_group(ranks)
                 if rank in ranks:
                     groups["dp"] = g
-    if pp > 1 and plan.is_transformer and plan.model.get("tie_embeddings"):
+    # under ZB-V the embedding and the head are both on rank 0 (one table): nothing to keep equal between ranks
+    v_shape = plan.strategy["pipeline_schedule"] in V_SHAPE_SCHEDULES
+    if pp > 1 and plan.is_transformer and plan.model.get("tie_embeddings") and not v_shape:
         for d in range(dp):
             for t in range(tp):
                 ranks = [global_rank(t, d, 0, tp, dp), global_rank(t, d, pp - 1, tp, dp)]
@@ -583,7 +633,8 @@ def _build_step(plan: StepPlan, rank: int) -> tuple[Callable[[], Any], int]:
     number of parameter elements this rank holds (its shard under FSDP2).
 
     ``step()`` returns the iteration's mean loss (a detached tensor) on ranks that
-    compute the loss (the last pipeline stage), None elsewhere.
+    compute the loss (the last pipeline stage; under ZB-V the first, which holds the
+    last virtual stage), None elsewhere.
     """
     import contextlib
 
@@ -595,10 +646,16 @@ def _build_step(plan: StepPlan, rank: int) -> tuple[Callable[[], Any], int]:
     tp_rank, dp_rank, pp_rank = rank_coords(rank, plan.tp, plan.dp, plan.pp)
     world = plan.world_size
     groups = _new_groups(plan, rank) if world > 1 else {"tp": None, "dp": None, "embed": None}
+    zero_bubble = s["pipeline_schedule"] in ZERO_BUBBLE_SCHEDULES
     ctx = M.ParallelContext(tp_size=plan.tp, tp_rank=tp_rank, tp_group=groups["tp"], stage=pp_rank,
-                            num_stages=plan.pp,
-                            weight_grads=M.WeightGradStore() if s["pipeline_schedule"] == "zb-h1" else None)
-    net = M.build_model(plan.model, ctx, s["recompute"], plan.seed, s["moe_capacity_factor"])
+                            num_stages=plan.pp, weight_grads=M.WeightGradStore() if zero_bubble else None)
+    if s["pipeline_schedule"] in V_SHAPE_SCHEDULES:
+        # both chunks of this rank in one ModuleList (its parameters() lists a tied table once)
+        net = M.build_v_chunks(plan.model, ctx, s["recompute"], plan.seed)
+        chunks = list(net)
+    else:
+        net = M.build_model(plan.model, ctx, s["recompute"], plan.seed, s["moe_capacity_factor"])
+        chunks = [net]
     m = plan.num_microbatches
     mbs = s["micro_batch_size"]
     # Data is a function of (seed, data-parallel rank, micro-batch): tp ranks and pipeline stages of one
@@ -676,7 +733,7 @@ def _build_step(plan: StepPlan, rank: int) -> tuple[Callable[[], Any], int]:
             return total / m
         return step, _local_numel(net)
 
-    return (_pipeline_step(plan, net, optimizer, batches, groups, (tp_rank, dp_rank, pp_rank), autocast),
+    return (_pipeline_step(plan, chunks, optimizer, batches, groups, (tp_rank, dp_rank, pp_rank), autocast),
             _local_numel(net))
 
 
@@ -685,70 +742,119 @@ def _local_numel(net) -> int:
     return sum(int(p.to_local().numel()) if hasattr(p, "to_local") else int(p.numel()) for p in net.parameters())
 
 
-def _pipeline_step(plan: StepPlan, net, optimizer, batches, groups, coords, autocast) -> Callable[[], Any]:
-    """One pipeline stage's iteration under the GPipe, 1F1B or ZB-H1 schedule, with blocking receives.
+def _pipeline_step(plan: StepPlan, chunks: list, optimizer, batches, groups, coords, autocast) -> Callable[[], Any]:
+    """One pipeline rank's iteration under the GPipe, 1F1B, ZB-H1 or ZB-V schedule, with blocking receives.
 
-    Under ZB-H1 a backward leaves its linear layers' weight gradients in the model's
-    :class:`~learnedperf.measure.models.WeightGradStore`, and that micro-batch's ``W`` computes them.
+    ``chunks`` are the rank's model chunks in chunk order: one stage, or under ZB-V the virtual stages ``r``
+    and ``2p-1-r`` of ``2p`` (:func:`learnedperf.graph.execution.stage_of`). A chunk's input comes from the
+    batch (virtual stage 0), from the rank holding the previous virtual stage, or, when this rank holds that
+    one too (ZB-V's rank ``p-1``), from its own other chunk without communication; gradients go back the same
+    way. Under a zero-bubble schedule a backward ('B') leaves its linear layers' weight gradients in the
+    chunks' shared :class:`~learnedperf.measure.models.WeightGradStore`, and that (chunk, micro-batch)'s
+    ``W`` computes them.
 
     Sends are posted with ``isend`` and completed before the iteration ends:
     gloo's send is a rendezvous (it waits for the matching receive), so a
     blocking send would deadlock 1F1B, where both neighbours send at once.
+    A message's tag names what it carries, ``(2·chunk + backward)·m + micro-batch`` of the sending chunk
+    (ZB-V: F chunk 0 ``i``, B chunk 0 ``m+i``, F chunk 1 ``2m+i``, B chunk 1 ``3m+i``), so that two messages
+    between the same ranks never match each other's receive.
     """
     import torch
     import torch.distributed as dist
 
+    from ..graph.execution import rank_vstages, stage_of
+
     tp_rank, dp_rank, pp_rank = coords
     s = plan.strategy
     m, pp = plan.num_microbatches, plan.pp
-    first, last = pp_rank == 0, pp_rank == pp - 1
-    prev_rank = global_rank(tp_rank, dp_rank, pp_rank - 1, plan.tp, plan.dp) if not first else None
-    next_rank = global_rank(tp_rank, dp_rank, pp_rank + 1, plan.tp, plan.dp) if not last else None
+    v_shape = s["pipeline_schedule"] in V_SHAPE_SCHEDULES
+    last_vstage = pp * len(chunks) - 1
+
+    def vstages_of(r: int) -> list[int]:
+        """Virtual stages of rank ``r``'s chunks, in chunk order."""
+        return rank_vstages(r, pp, len(chunks), v_shape)
+
+    vstages = vstages_of(pp_rank)
     act_dtype = torch.bfloat16 if s["precision"] == "bf16" else torch.float32
     shape = (s["micro_batch_size"], plan.model["seq_length"], plan.model["hidden_size"])
-    order = schedule(s["pipeline_schedule"], pp_rank, pp, m)
-    params = [p for p in net.parameters() if p.requires_grad]
-    tied = net.tied_parameter()
-    store = net.ctx.weight_grads
+    order = chunked_schedule(s["pipeline_schedule"], pp_rank, pp, m)
+    # one list of the chunks' parameters, a table both chunks hold (ZB-V's tied embedding) once
+    params = list({id(p): p for c in chunks for p in c.parameters() if p.requires_grad}.values())
+    # a tied head on another rank than the embedding is a copy whose gradient is summed with the embedding's;
+    # ZB-V's chunks share the one table (measure.models.build_v_chunks)
+    tied = chunks[0].tied_parameter() if len(chunks) == 1 else None
+    store = chunks[0].ctx.weight_grads
+
+    def peer(vstage: int) -> tuple[Optional[int], int]:
+        """Global rank holding ``vstage`` (None: this one) and its chunk there."""
+        r = stage_of(vstage, pp, v_shape)
+        chunk = vstages_of(r).index(vstage)
+        return (None if r == pp_rank else global_rank(tp_rank, dp_rank, r, plan.tp, plan.dp)), chunk
+
+    # per chunk: where its input comes from and where its output goes (None at the ends of the model)
+    prev = [peer(vs - 1) if vs > 0 else None for vs in vstages]
+    nxt = [peer(vs + 1) if vs < last_vstage else None for vs in vstages]
+
+    def tag(backward: bool, chunk: int, i: int) -> int:
+        return (2 * chunk + int(backward)) * m + i
+
+    def take(side, local: dict, key: tuple[int, int], backward: bool, i: int) -> Any:
+        """What the rank and chunk ``side`` hand this rank for micro-batch ``i``: this rank's own other chunk
+        leaves it in ``local[key]``, another rank sends it."""
+        src, src_chunk = side
+        if src is None:
+            return local.pop(key)
+        buf = torch.empty(shape, dtype=act_dtype)
+        dist.recv(buf, src=src, tag=tag(backward, src_chunk, i))
+        return buf
+
+    def give(side, local: dict, key: tuple[int, int], tensor: Any, backward: bool, c: int, i: int,
+             sends: list) -> None:
+        """Hand ``tensor`` of chunk ``c``, micro-batch ``i``, to the rank and chunk ``side``: in ``local[key]`` when
+        that is this rank's own other chunk, else with an ``isend`` completed before the iteration ends."""
+        dst, _ = side
+        if dst is None:
+            local[key] = tensor
+        else:
+            sends.append((dist.isend(tensor, dst=dst, tag=tag(backward, c, i)), tensor))
 
     def step():
-        inputs: dict[int, Any] = {}
-        outputs: dict[int, Any] = {}
-        deferred: dict[int, list] = {}
+        inputs: dict[tuple[int, int], Any] = {}
+        outputs: dict[tuple[int, int], Any] = {}
+        # hand-overs between this rank's own chunks: activations forward, gradients back
+        local_acts: dict[tuple[int, int], Any] = {}
+        local_grads: dict[tuple[int, int], Any] = {}
+        deferred: dict[tuple[int, int], list] = {}
         sends = []
         total = None
-        for op, i in order:
+        for op, c, i in order:
             x, t = batches[i]
+            vs = vstages[c]
             if op == "W":
-                store.run(deferred.pop(i))
+                store.run(deferred.pop((c, i)))
             elif op == "F":
-                if not first:
-                    x = torch.empty(shape, dtype=act_dtype)
-                    dist.recv(x, src=prev_rank, tag=i)
-                    x.requires_grad_(True)
-                    inputs[i] = x
+                if prev[c] is not None:
+                    # a leaf of this chunk's graph, whose gradient goes back to the previous virtual stage
+                    x = inputs[(c, i)] = take(prev[c], local_acts, (vs, i), False, i).requires_grad_(True)
                 with autocast():
-                    out = net(x, t if last else None)
-                if last:
-                    outputs[i] = out / m
+                    out = chunks[c](x, t if vs == last_vstage else None)
+                if vs == last_vstage:
+                    outputs[(c, i)] = out / m
                     total = out.detach() if total is None else total + out.detach()
                 else:
                     out = out.to(act_dtype)  # what travels is what the next stage receives
-                    outputs[i] = out
-                    payload = out.detach().contiguous()
-                    sends.append((dist.isend(payload, dst=next_rank, tag=i), payload))
+                    outputs[(c, i)] = out
+                    give(nxt[c], local_acts, (vs + 1, i), out.detach().contiguous(), False, c, i, sends)
             else:
-                if last:
-                    outputs.pop(i).backward()
+                if vs == last_vstage:
+                    outputs.pop((c, i)).backward()
                 else:
-                    g = torch.empty(shape, dtype=act_dtype)
-                    dist.recv(g, src=next_rank, tag=m + i)
-                    outputs.pop(i).backward(g)
+                    outputs.pop((c, i)).backward(take(nxt[c], local_grads, (vs, i), True, i))
                 if store is not None:
-                    deferred[i] = store.take()
-                if not first:
-                    grad = inputs.pop(i).grad.contiguous()
-                    sends.append((dist.isend(grad, dst=prev_rank, tag=m + i), grad))
+                    deferred[(c, i)] = store.take()
+                if prev[c] is not None:
+                    give(prev[c], local_grads, (vs - 1, i), inputs.pop((c, i)).grad.contiguous(), True, c, i, sends)
         for work, _ in sends:
             work.wait()
         if tied is not None and groups["embed"] is not None:
@@ -1167,13 +1273,15 @@ def gpu_step_grid(quick: bool = False) -> list[StepConfig]:
 def step_grid(quick: bool = False, device: str = "cpu") -> list[StepConfig]:
     """The configurations measured for the project's data set (``device="cuda"``: :func:`gpu_step_grid`).
 
-    ``quick=False``: 151 configs (95 on several processes) — single-process (fp32, bf16, full recompute,
+    ``quick=False``: 158 configs (102 on several processes) — single-process (fp32, bf16, full recompute,
     larger micro-batches, gradient accumulation, 2 threads; the MoE model dropless and with expert capacity
     factors 1 and 2), DDP with several bucket sizes (and of the dropless MoE model), tensor, pipeline (GPipe,
-    1F1B and ZB-H1), ZeRO-1/2 and FSDP on 2 processes, and
+    1F1B, ZB-H1 and ZB-V), ZeRO-1/2 and FSDP on 2 processes, and
     dp / tp / pp / tp+dp / pp+dp / tp+pp / FSDP on 4 processes (which oversubscribe
     a 2-core machine; ``threads`` records 1 per process), among them 4 hybrid-sharded
-    (HSDP, ``dp_replicate`` 2: FULL_SHARD and ZeRO-2, one with gradient accumulation).
+    (HSDP, ``dp_replicate`` 2: FULL_SHARD and ZeRO-2, one with gradient accumulation). ZB-V: 5 configs on
+    2 processes (the models ZB-H1 runs there) and 2 on 4 (GPT- and Llama-large, whose 8 layers fill its 8
+    virtual stages).
     ``quick=True``: four small configs, one of them on 2 processes, for a smoke test.
     """
     if device == "cuda":
@@ -1222,6 +1330,9 @@ def step_grid(quick: bool = False, device: str = "cpu") -> list[StepConfig]:
         for size in ("small",) if fam == "bert" else ("small", "medium"):
             for sched in ("gpipe", "1f1b", "zb-h1"):
                 out.append(cfg(f"{fam}-{size}", 2, pp=2, global_batch_size=4, pipeline_schedule=sched))
+            # ZB-V's 4 virtual stages: 1 layer each of the small models, 2-2-1-1 of the medium ones
+            out.append(cfg(f"{fam}-{size}", 2, pp=2, global_batch_size=4, pipeline_schedule="zb-v",
+                           virtual_pipeline_stages=2))
         out.append(cfg(f"{fam}-tiny", 2, pp=2, global_batch_size=8, pipeline_schedule="1f1b"))
         out.append(cfg(f"{fam}-small", 2, zero_stage=1, grad_bucket_size_MiB=25.0))
         out.append(cfg(f"{fam}-small", 2, zero_stage=2, fsdp=True))
@@ -1242,6 +1353,10 @@ def step_grid(quick: bool = False, device: str = "cpu") -> list[StepConfig]:
         out.append(cfg(f"{fam}-small", 4, tp=4))
         out.append(cfg(f"{fam}-small", 4, pp=4, global_batch_size=4, pipeline_schedule="1f1b"))
         out.append(cfg(f"{fam}-small", 4, pp=4, global_batch_size=4, pipeline_schedule="zb-h1"))
+        # ZB-V over 4 ranks has 8 virtual stages, one layer each of the large models (the small ones have 4);
+        # 8 micro-batches reach its steady state, which needs 2·pp - 1 = 7
+        out.append(cfg(f"{fam}-large", 4, pp=4, global_batch_size=8, pipeline_schedule="zb-v",
+                       virtual_pipeline_stages=2))
         out.append(cfg(f"{fam}-small", 4, tp=2))
         out.append(cfg(f"{fam}-small", 4, pp=2, global_batch_size=8,
                        pipeline_schedule="1f1b" if fam == "gpt" else "gpipe"))

@@ -116,9 +116,10 @@ def memory_microbatches(run) -> int:
     Peak memory depends on the micro-batch count only through the activations in flight on a
     stage, which stop growing after the warm-up: ``p - 1`` forwards for 1F1B, at most
     ``(p-1)·2 + (v-1)·p < 2·p·v`` chunk forwards for the interleaved schedule (reached with ``2·p``
-    micro-batches, a multiple of ``p`` as interleaving needs), one without a pipeline; GPipe keeps
-    every micro-batch in flight and needs them all. Compiling this many instead of thousands keeps
-    memory checks cheap.
+    micro-batches, a multiple of ``p`` as interleaving needs), ``2p`` chunk forwards of ``p``
+    micro-batches for ZB-V (whose order is laid out on at least ``2p-1``), one without a pipeline;
+    GPipe keeps every micro-batch in flight and needs them all. Compiling this many instead of
+    thousands keeps memory checks cheap.
     """
     s = run.strategy
     m = run.num_microbatches
@@ -126,7 +127,7 @@ def memory_microbatches(run) -> int:
         return min(m, 2)
     if s.pipeline_schedule == "gpipe":
         return m
-    return min(m, 2 * s.pp if s.pipeline_schedule == "interleaved" else s.pp)
+    return min(m, 2 * s.pp if s.pipeline_schedule in ("interleaved", "zb-v") else s.pp)
 
 
 def in_flight_microbatches(schedule: list[tuple[str, int, int]]) -> int:
@@ -151,8 +152,10 @@ def peak_in_flight(run, stage: int) -> int:
 
     The same number as :func:`in_flight_microbatches` over the compiled schedule: 1F1B stage
     ``i`` (and ZB-H1's) warms up with ``min(p-i-1, m)`` forwards and runs one more before its first
-    backward; interleaving warms up with ``(p-i-1)·2 + (v-1)·p`` chunk forwards (Megatron);
-    GPipe holds every micro-batch; without a pipeline one micro-batch is in flight.
+    backward; interleaving warms up with ``(p-i-1)·2 + (v-1)·p`` chunk forwards (Megatron); ZB-V's
+    rank ``i`` runs ``2p-i-1`` chunk-0 forwards and ``i+1`` chunk-1 forwards before its first ``B``
+    (each count cut at the ``m`` micro-batches there are) and never has more in flight after; GPipe
+    holds every micro-batch; without a pipeline one micro-batch is in flight.
     """
     s = run.strategy
     m, p, v = run.num_microbatches, s.pp, s.virtual_pipeline_stages
@@ -162,13 +165,15 @@ def peak_in_flight(run, stage: int) -> int:
         return m
     if s.pipeline_schedule == "interleaved":
         return min((p - stage - 1) * 2 + (v - 1) * p + 1, m * v)
+    if s.pipeline_schedule == "zb-v":
+        return min(2 * p - stage - 1, m) + min(stage + 1, m)
     return min(p - stage, m)
 
 
 def peak_memory(eg: ExecutionGraph) -> MemoryBreakdown:
     """Peak per-device memory over the pipeline ranks of a compiled run (bytes)."""
     chunks = sorted((c for st in eg.stages for c in st.chunks), key=lambda c: c.vstage)
-    return _peak(eg.run, stage_loads(chunks, len(eg.stages)),
+    return _peak(eg.run, stage_loads(chunks, len(eg.stages), v_shape=eg.run.strategy.v_shape),
                  [in_flight_microbatches(st.schedule) for st in eg.stages])
 
 
@@ -179,7 +184,7 @@ def peak_memory_of(run, loads: list[StageLoad] | None = None) -> MemoryBreakdown
     of strategies a second."""
     pp = run.strategy.pp
     if loads is None:
-        loads = stage_loads(chunk_layout(run), pp)
+        loads = stage_loads(chunk_layout(run), pp, v_shape=run.strategy.v_shape)
     return _peak(run, loads, [peak_in_flight(run, st) for st in range(pp)])
 
 

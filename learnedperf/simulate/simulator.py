@@ -27,7 +27,7 @@ from typing import Optional
 
 from ..cost import CostModel, RooflineCost
 from ..graph.execution import (Chunk, ExecutionGraph, compile_run, fsdp_copy_ops, gradient_buckets, replica_allreduce,
-                               sharded_units_per_chunk, split_weight_gradients)
+                               sharded_units_per_chunk, split_weight_gradients, stage_of)
 from ..graph.ops import Group, Op, comm
 from ..graph.transformer import model_flops_per_iteration
 from ..specs import RunSpec
@@ -369,7 +369,7 @@ class _Builder:
         fcost: dict[int, tuple] = {}
         bcost: dict[int, tuple] = {}
         wcost: dict[int, tuple] = {}  # zero-bubble schedules: the weight-gradient GEMMs, apart from bcost
-        zb = s.pipeline_schedule == "zb-h1"
+        zb = s.zero_bubble
         for st in eg.stages:
             for c in st.chunks:
                 fcost[c.vstage] = _unit_cost(c.forward, cost, hide)
@@ -395,6 +395,14 @@ class _Builder:
                                                   Group(2, 2 if lvl == "intra" else 1), s.precision))
             return lat_of[lvl].latency_s, [(self.link(src, lvl), eg.p2p_bytes), (self.link(dst, lvl), eg.p2p_bytes)]
         self.p2p = p2p
+
+        def hand_over(i: int, to_vs: int):
+            """:meth:`p2p` from rank ``i`` to the rank of virtual stage ``to_vs``; None past either end of the
+            pipeline, or where that rank is ``i`` itself (the turn of a V keeps the activations in place)."""
+            if not 0 <= to_vs < n_v:
+                return None
+            to = stage_of(to_vs, pp, s.v_shape)
+            return None if to == i else p2p(i, to)
 
         fwd_done: dict[tuple[int, int], int] = {}  # (vstage, mb) -> task whose end delivers activations
         bwd_done: dict[tuple[int, int], int] = {}
@@ -454,7 +462,7 @@ class _Builder:
                             deps.append(param_gather[vs])
                             first_f_done.add(vs)
                         units = funits[vs] if per_layer else [(0, fcost[vs][:7])]
-                        send = self.p2p(i, (vs + 1) % pp) if vs < n_v - 1 else None
+                        send = hand_over(i, vs + 1)
                         done: list[int] = []
                         for u, (layers, unit) in enumerate(units):
                             d = list(deps) if u == 0 else [done[-1]]
@@ -489,7 +497,7 @@ class _Builder:
                         else:
                             nseg, grads = self.chunk_grads(chunk, is_last)
                             units = [(0, tuple(x / nseg for x in bcost[vs][:7]))] * nseg
-                        send = self.p2p(i, (vs - 1) % pp) if vs > 0 else None
+                        send = hand_over(i, vs - 1)
                         done = []
                         for u, (layers, unit) in enumerate(units):
                             d = list(deps) if u == 0 else [done[-1]]
@@ -698,11 +706,14 @@ def simulate(run: RunSpec | dict, *, cost: CostModel | None = None, trace: bool 
     # after the warm-up (p-1 micro-batches) every stage repeats the same pattern: two counts that are
     # multiples of p (the interleaved schedule's period) past it fix the line exactly
     m1, m2 = (s.pp, 2 * s.pp) if s.pp > 1 else (2, 3)
-    if s.pipeline_schedule == "zb-h1":
+    if s.zero_bubble:
         # deferred weight passes let early delays (the parameter gather, shared links) spread over the first
-        # micro-batches, so ZB-H1 reaches its line later: from 2p and 4p, 80 of 81 sampled runs extrapolate
-        # to within 0.1 % of the exact time, from p and 2p 77 (experiments/zero_bubble.py)
-        m1, m2 = 2 * s.pp, 4 * s.pp
+        # micro-batches, so ZB-H1 reaches its line later: from 2p and 4p, 248 of 250 sampled runs extrapolate
+        # to within 0.1 % of the exact time, from p and 2p 221 (experiments/zero_bubble.py --n 1500 --seeds
+        # 0,1,2; sampler 9). ZB-V, laid out on at least 2p-1 micro-batches, gets there later still on short
+        # pipelines: from at least 8 and 16, 84 of 89 sampled runs within 0.1 %, from 2p and 4p 79 (the worst,
+        # 2.3 %, two pp-8 runs whose chunks hold 3 and 2 layers, settle by 4p and 8p)
+        m1, m2 = (max(2 * s.pp, 8), max(4 * s.pp, 16)) if s.v_shape else (2 * s.pp, 4 * s.pp)
     extrapolate = not (exact or trace) and m > m2
     if extrapolate:
         # the bottleneck stage of m2's pipeline is analysed at m1 too: the breakdown's line joins one stage

@@ -179,7 +179,7 @@ def _complete_strategy(model: ModelSpec, hw: HardwareSpec, s: Strategy) -> Strat
     # layers that do not divide over pp·v go to the middle ranks (graph.execution.chunk_layout): the
     # first and last, which hold the embedding and the LM head, get fewer, as Llama 3 405B's 126 layers
     # over 16 stages did (Llama Team 2024, arXiv 2407.21783, section 3.3.2)
-    if v > 1:
+    if s.pipeline_schedule == "interleaved":
         if m % s.pp:
             raise SpecError("strategy.global_batch_size",
                             f"the interleaved schedule needs the number of micro-batches ({m}) "
@@ -221,6 +221,6 @@ def _complete_strategy(model: ModelSpec, hw: HardwareSpec, s: Strategy) -> Strat
         raise SpecError("strategy.precision", f"device {hw.device.name} has no {s.precision} math")
     if s.pipeline_schedule == "interleaved" and s.pp < 2:
         raise SpecError("strategy.pipeline_schedule", "interleaving needs pp >= 2")
-    if s.pipeline_schedule == "zb-h1" and s.pp < 2:
+    if s.zero_bubble and s.pp < 2:
         raise SpecError("strategy.pipeline_schedule", "a zero-bubble schedule needs pp >= 2")
     return s.model_copy(update={"dp": dp, "global_batch_size": gbs})

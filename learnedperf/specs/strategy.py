@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import Literal, Optional
+from typing import Literal, Optional, get_args
 
 from pydantic import Field, model_validator
 
 from ._base import FieldValueError, Spec
 
 Precision = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
+PipelineSchedule = Literal["gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"]
+#: Every ``pipeline_schedule`` the run format accepts.
+PIPELINE_SCHEDULES: tuple[str, ...] = get_args(PipelineSchedule)
 
 #: The expert-dispatch keys and their defaults (Megatron-Core's alltoall dispatcher, blocking): a run that
 #: departs from them needs expert parallelism.
@@ -18,6 +21,11 @@ EXPERT_DISPATCH_DEFAULTS = MappingProxyType({"moe_dispatcher": "alltoall", "over
 #: Largest parallel size or micro-batch accepted: no run has more devices (``hardware.MAX_DEVICES``), and
 #: a bound turns absurd input into an error naming the field instead of a prediction.
 _MAX = 1 << 20
+
+#: Pipeline schedules that split the backward into input-gradient (B) and weight-gradient (W) passes.
+ZERO_BUBBLE_SCHEDULES = ("zb-h1", "zb-v")
+#: Pipeline schedules that place rank r's two model chunks at virtual stages r and 2p-1-r.
+V_SHAPE_SCHEDULES = ("zb-v",)
 
 
 class Strategy(Spec):
@@ -35,13 +43,15 @@ class Strategy(Spec):
     ep: int = Field(default=1, ge=1, le=_MAX, description="expert-parallel size (carved out of dp·cp)")
     micro_batch_size: int = Field(default=1, ge=1, le=_MAX)
     global_batch_size: Optional[int] = Field(default=None, ge=1, le=1 << 30)
-    pipeline_schedule: Literal["gpipe", "1f1b", "interleaved", "zb-h1"] = Field(
+    pipeline_schedule: PipelineSchedule = Field(
         default="1f1b",
         description="order of the forward and backward passes on each pipeline rank: 'gpipe' (all forwards, "
                     "then all backwards), '1f1b' (PipeDream-Flush), 'interleaved' (Megatron's, with "
-                    "virtual_pipeline_stages chunks per rank) or 'zb-h1' (zero bubble H1, Qi et al., ICLR 2024: "
-                    "the backward split into the input gradients, on the critical path, and the weight "
-                    "gradients, which fill the bubbles, with 1F1B's micro-batches in flight)")
+                    "virtual_pipeline_stages chunks per rank), or a zero-bubble schedule (Qi et al., ICLR 2024), "
+                    "whose backward is split into the input gradients, on the critical path, and the weight "
+                    "gradients, which fill the bubbles: 'zb-h1' (1F1B's micro-batches in flight) or 'zb-v' (two "
+                    "model chunks per rank in a V, the first and the last on rank 0, virtual_pipeline_stages 2: "
+                    "PyTorch's ScheduleZBVZeroBubble, torchtitan's ZBVZeroBubble)")
     virtual_pipeline_stages: int = Field(default=1, ge=1, le=_MAX, description="model chunks per pipeline rank")
     zero_stage: Literal[0, 1, 2, 3] = 0
     fsdp: bool = Field(
@@ -128,14 +138,19 @@ class Strategy(Spec):
         if self.pipeline_schedule == "interleaved" and self.virtual_pipeline_stages < 2:
             raise FieldValueError("virtual_pipeline_stages",
                                   "pipeline_schedule 'interleaved' needs virtual_pipeline_stages >= 2")
-        if self.virtual_pipeline_stages > 1 and self.pipeline_schedule != "interleaved":
+        if self.v_shape and self.virtual_pipeline_stages != 2:
+            raise FieldValueError("virtual_pipeline_stages",
+                                  f"pipeline_schedule {self.pipeline_schedule!r} places two model chunks on each rank "
+                                  f"in a V: set virtual_pipeline_stages 2, not {self.virtual_pipeline_stages}")
+        if self.virtual_pipeline_stages > 1 and self.pipeline_schedule not in ("interleaved", *V_SHAPE_SCHEDULES):
             raise FieldValueError("pipeline_schedule",
-                                  "virtual_pipeline_stages > 1 needs pipeline_schedule 'interleaved'")
-        if self.pipeline_schedule == "zb-h1" and self.forward_only:
-            raise FieldValueError("pipeline_schedule", "'zb-h1' splits the backward pass; a forward-only step has "
+                                  "virtual_pipeline_stages > 1 needs pipeline_schedule 'interleaved' or 'zb-v'")
+        name = self.pipeline_schedule
+        if self.zero_bubble and self.forward_only:
+            raise FieldValueError("pipeline_schedule", f"{name!r} splits the backward pass; a forward-only step has "
                                                        "none (use '1f1b')")
-        if self.pipeline_schedule == "zb-h1" and self.per_layer_sharding:
-            raise FieldValueError("pipeline_schedule", "'zb-h1' with parameters gathered layer by layer (zero_stage "
+        if self.zero_bubble and self.per_layer_sharding:
+            raise FieldValueError("pipeline_schedule", f"{name!r} with parameters gathered layer by layer (zero_stage "
                                                        "3 or fsdp) is not modelled: the weight-gradient passes would "
                                                        "need their layers gathered again")
         return self
@@ -167,6 +182,16 @@ class Strategy(Spec):
     def per_layer_sharding(self) -> bool:
         """True when sharded parameters are gathered layer by layer (ZeRO-3, either FSDP mode)."""
         return self.fsdp or self.zero_stage == 3
+
+    @property
+    def zero_bubble(self) -> bool:
+        """True for a schedule that splits the backward into input-gradient (B) and weight-gradient (W) passes."""
+        return self.pipeline_schedule in ZERO_BUBBLE_SCHEDULES
+
+    @property
+    def v_shape(self) -> bool:
+        """True when each rank holds two model chunks in a V: virtual stages ``r`` and ``2p-1-r`` on rank ``r``."""
+        return self.pipeline_schedule in V_SHAPE_SCHEDULES
 
     @property
     def expert_load(self) -> float:
