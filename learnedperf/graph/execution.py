@@ -240,6 +240,27 @@ def schedule_zb_v(p: int, m: int, stage: int) -> list[tuple[str, int, int]]:
     return [u for u in order if u[2] < m]
 
 
+def pipeline_order(schedule: str, p: int, v: int, m: int, stage: int) -> list[tuple[str, int, int]]:
+    """The units of pipeline rank ``stage`` of ``p`` (``p >= 2``, ``v`` chunks each) in a training step of ``m``
+    micro-batches under ``schedule``, as ``(kind, chunk, micro-batch)``: what the compiler gives every stage, and
+    what the step harness runs (:mod:`learnedperf.measure.steps`), so that what is measured is what is simulated.
+
+    Raises:
+        ValueError: a schedule this module has no order for.
+    """
+    if schedule == "gpipe":
+        return schedule_gpipe(m)
+    if schedule == "1f1b":
+        return schedule_1f1b(p, m, stage)
+    if schedule == "interleaved":
+        return schedule_interleaved(p, v, m, stage)
+    if schedule == "zb-h1":
+        return schedule_zb_h1(p, m, stage)
+    if schedule == "zb-v":
+        return schedule_zb_v(p, m, stage)
+    raise ValueError(f"pipeline schedule {schedule!r} has no order")
+
+
 def stage_of(vstage: int, pp: int, v_shape: bool) -> int:
     """The pipeline rank that holds virtual stage ``vstage``: ``vstage mod pp`` (Megatron's interleaving, rank ``r``
     holding ``r, r+p, ...``), or in a V (ZB-V) ``vstage`` for the first ``pp`` and ``2pp-1-vstage`` after."""
@@ -525,16 +546,8 @@ def compile_run(run: RunSpec, num_microbatches: int | None = None) -> ExecutionG
         elif pp == 1:
             # no pipeline: gradient accumulation runs each micro-batch forward then backward
             sched = [u for i in range(m) for u in (("F", 0, i), ("B", 0, i))]
-        elif s.pipeline_schedule == "gpipe":
-            sched = schedule_gpipe(m)
-        elif s.pipeline_schedule == "interleaved":
-            sched = schedule_interleaved(pp, v, m, st)
-        elif s.pipeline_schedule == "zb-h1":
-            sched = schedule_zb_h1(pp, m, st)
-        elif s.pipeline_schedule == "zb-v":
-            sched = schedule_zb_v(pp, m, st)
         else:
-            sched = schedule_1f1b(pp, m, st)
+            sched = pipeline_order(s.pipeline_schedule, pp, v, m, st)
         # ZeRO shards the optimizer step as it shards the optimizer states
         local = sharded_params(s, sum(c.dense_params for c in chunks), sum(c.expert_params for c in chunks), 1)
         stages.append(Stage(st, chunks, sched, optimizer_ops(local, s.optimizer, s.weight_precision)))

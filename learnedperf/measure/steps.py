@@ -515,18 +515,11 @@ def chunked_schedule(kind: str, stage: int, num_stages: int, num_microbatches: i
     (the weight gradients a zero-bubble 'B' left). ``chunk`` is 0 but under ZB-V, whose rank ``stage`` holds
     chunk 0 (virtual stage ``stage``) and chunk 1 (virtual stage ``2·num_stages - 1 - stage``).
     """
-    from ..graph.execution import schedule_1f1b, schedule_gpipe, schedule_zb_h1, schedule_zb_v
+    from ..graph.execution import pipeline_order
 
-    m = num_microbatches
-    if kind == "gpipe":
-        return schedule_gpipe(m)
-    if kind == "1f1b":
-        return schedule_1f1b(num_stages, m, stage)
-    if kind == "zb-h1":
-        return schedule_zb_h1(num_stages, m, stage)
-    if kind == "zb-v":
-        return schedule_zb_v(num_stages, m, stage)
-    raise InputError(f"strategy.pipeline_schedule: unknown schedule {kind!r}")
+    if kind not in PIPELINE_SCHEDULES:
+        raise InputError(f"strategy.pipeline_schedule: unknown schedule {kind!r}")
+    return pipeline_order(kind, num_stages, 2 if kind in V_SHAPE_SCHEDULES else 1, num_microbatches, stage)
 
 
 def schedule(kind: str, stage: int, num_stages: int, num_microbatches: int) -> list[tuple[str, int]]:
