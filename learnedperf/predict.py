@@ -542,7 +542,7 @@ def enumerate_strategies(model: Any, hw: Any, constraints: Optional[dict] = None
     Raises:
         InputError: a bad constraint, or more than ``max_candidates`` candidates.
     """
-    from .specs.strategy import EXPERT_DISPATCH_DEFAULTS
+    from .specs.strategy import EXPERT_DISPATCH_DEFAULTS, V_SHAPE_SCHEDULES
 
     c = _check_constraints(model, hw, constraints)
     n, gbs = hw.num_devices, c["global_batch_size"]
@@ -574,7 +574,8 @@ def enumerate_strategies(model: Any, hw: Any, constraints: Optional[dict] = None
                         continue
                     pipes: list[tuple[str, int]] = [("1f1b", 1)]
                     if pp > 1:
-                        pipes = [(sch, 2 if sch == "zb-v" else 1) for sch in c["schedules"] if sch != "interleaved"]
+                        pipes = [(sch, 2 if sch in V_SHAPE_SCHEDULES else 1) for sch in c["schedules"]
+                                 if sch != "interleaved"]
                         if "interleaved" in c["schedules"]:
                             pipes += [("interleaved", v) for v in c["virtual_stages"] if v >= 2]
                     sps = [sp for sp in c["sequence_parallel"] if tp > 1 or not sp] or [False]

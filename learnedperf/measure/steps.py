@@ -71,6 +71,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from ..errors import InputError, LearnedPerfError, SpecError
+from ..specs.strategy import V_SHAPE_SCHEDULES, ZERO_BUBBLE_SCHEDULES
 from .quiet import Window, foreign_share
 from .records import STEP_COLUMNS, canonical_json, host_name, now_utc, run_id
 
@@ -100,14 +101,10 @@ STRATEGY_DEFAULTS: dict[str, Any] = {
     "virtual_pipeline_stages": 1,
 }
 
-#: Pipeline schedules a measured step runs (:func:`chunked_schedule`).
+#: Pipeline schedules a measured step runs (:func:`chunked_schedule`): the run format's but interleaving. Of
+#: them, the run format's ZERO_BUBBLE_SCHEDULES leave the weight gradients to ``W`` passes
+#: (``measure.models.WeightGradStore``) and its V_SHAPE_SCHEDULES hold two model chunks per rank in a V.
 PIPELINE_SCHEDULES = ("gpipe", "1f1b", "zb-h1", "zb-v")
-
-#: Schedules whose backward leaves the weight gradients to ``W`` passes (``measure.models.WeightGradStore``).
-ZERO_BUBBLE_SCHEDULES = ("zb-h1", "zb-v")
-
-#: Schedules with two model chunks per rank in a V (rank ``r`` holds virtual stages ``r`` and ``2p-1-r``).
-V_SHAPE_SCHEDULES = ("zb-v",)
 
 
 # --------------------------------------------------------------------------- model dicts
@@ -763,12 +760,7 @@ def _pipeline_step(plan: StepPlan, chunks: list, optimizer, batches, groups, coo
     m, pp = plan.num_microbatches, plan.pp
     v_shape = s["pipeline_schedule"] in V_SHAPE_SCHEDULES
     last_vstage = pp * len(chunks) - 1
-
-    def vstages_of(r: int) -> list[int]:
-        """Virtual stages of rank ``r``'s chunks, in chunk order."""
-        return rank_vstages(r, pp, len(chunks), v_shape)
-
-    vstages = vstages_of(pp_rank)
+    vstages = rank_vstages(pp_rank, pp, len(chunks), v_shape)
     act_dtype = torch.bfloat16 if s["precision"] == "bf16" else torch.float32
     shape = (s["micro_batch_size"], plan.model["seq_length"], plan.model["hidden_size"])
     order = chunked_schedule(s["pipeline_schedule"], pp_rank, pp, m)
@@ -780,10 +772,10 @@ def _pipeline_step(plan: StepPlan, chunks: list, optimizer, batches, groups, coo
     store = chunks[0].ctx.weight_grads
 
     def peer(vstage: int) -> tuple[Optional[int], int]:
-        """Global rank holding ``vstage`` (None: this one) and its chunk there."""
+        """Global rank holding ``vstage`` (None: this one) and its chunk there: ``vstage // pp``, interleaved or
+        in a V."""
         r = stage_of(vstage, pp, v_shape)
-        chunk = vstages_of(r).index(vstage)
-        return (None if r == pp_rank else global_rank(tp_rank, dp_rank, r, plan.tp, plan.dp)), chunk
+        return (None if r == pp_rank else global_rank(tp_rank, dp_rank, r, plan.tp, plan.dp)), vstage // pp
 
     # per chunk: where its input comes from and where its output goes (None at the ends of the model)
     prev = [peer(vs - 1) if vs > 0 else None for vs in vstages]
