@@ -1,26 +1,26 @@
-"""Zero-bubble schedules (ZB-H1, ZB-V) against their twins on sampled runs, and how exactly the simulator
-extrapolates them.
+"""Zero-bubble schedules (ZB-H1, ZB-V, interleaved zero bubble) against their twins on sampled runs, and how exactly
+the simulator extrapolates them.
 
-For every run the sampler draws as ZB-H1 or ZB-V (seeds ``--seeds``, indices 0..``--n``-1, runs that fit in memory)
-with at most ``--max-per-stage`` micro-batches per pipeline stage, this script
+For every run the sampler draws with a zero-bubble schedule (seeds ``--seeds``, indices 0..``--n``-1, runs that fit
+in memory) with at most ``--max-per-stage`` micro-batches per pipeline stage, this script
 
 * simulates every micro-batch (``exact=True``) and compares it with the time extrapolated along the line through two
-  shorter steps: for ZB-H1 from ``p`` and ``2p`` micro-batches, and from ``2p`` and ``4p`` (what
-  :func:`learnedperf.simulate.simulate` uses); for ZB-V from ``2p`` and ``4p``, and from ``max(2p, 8)`` and
-  ``max(4p, 16)`` (what it uses);
-* simulates the same run under its twin — 1F1B for ZB-H1, Megatron's interleaving of the same two chunks per rank
-  for ZB-V — and prints the ratio of the two iteration times, with the ratio of the fast tier's closed-form times
-  (:func:`learnedperf.features.run.analytic_time`) beside it.
+  shorter steps: for ZB-H1 and interleaved zero bubble from ``p`` and ``2p`` micro-batches, and from ``2p`` and
+  ``4p`` (what :func:`learnedperf.simulate.simulate` uses); for ZB-V from ``max(2p, 8)`` and ``max(4p, 16)``, and
+  from ``4p`` and ``8p`` (what it uses);
+* simulates the same run under its twin — 1F1B for ZB-H1, Megatron's interleaving of the same chunks per rank for
+  ZB-V and interleaved zero bubble — and prints the ratio of the two iteration times, with the ratio of the fast
+  tier's closed-form times (:func:`learnedperf.features.run.analytic_time`) beside it.
 
-``--measure DATASET`` also times, on this machine's CPU, every ZB-H1 and ZB-V step of the step grid
+``--measure DATASET`` also times, on this machine's CPU, every step of the step grid
 (:func:`learnedperf.measure.steps.step_grid`: pipelines of 2 and 4 processes over gloo, whose ``W`` passes
-compute the linear layers' deferred weight gradients) beside its 1F1B twin (the harness runs one chunk per rank
-or a V, not interleaving), alternating the two ``--rounds`` times, on the hardware block of the data set's records
-of the same process count; and prints the measured ratio beside the simulator's and the shipped checkpoint's full
-and fast tiers' on the same runs.
+compute the linear layers' deferred weight gradients) whose schedule is in ``--schedules``, beside its twin (1F1B for
+ZB-H1; interleaving of the same chunks for ZB-V and interleaved zero bubble), alternating the two ``--rounds``
+times, on the hardware block of the data set's records of the same process count; and prints the measured ratio
+beside the simulator's and the shipped checkpoint's full and fast tiers' on the same runs.
 
-    python experiments/zero_bubble.py [--n 800] [--seeds 0,1] [--max-per-stage 64]
-                                      [--measure datasets/measured/vm-xeon-2c [--rounds 2] [--schedules zb-h1,zb-v]]
+    python experiments/zero_bubble.py [--n 800] [--seeds 0,1] [--max-per-stage 64] [--measure
+        datasets/measured/vm-xeon-2c [--rounds 2] [--schedules zb-h1,zb-v,interleaved-zb]]
 """
 
 from __future__ import annotations
@@ -45,10 +45,12 @@ SCHEDULES = {
     "zb-h1": ({"pipeline_schedule": "1f1b"},
               {"p, 2p": lambda p: (p, 2 * p), "2p, 4p": lambda p: (2 * p, 4 * p)}),
     "zb-v": ({"pipeline_schedule": "interleaved"},
-             {"2p, 4p": lambda p: (2 * p, 4 * p),
-              "max(2p, 8), max(4p, 16)": lambda p: (max(2 * p, 8), max(4 * p, 16))}),
+             {"max(2p, 8), max(4p, 16)": lambda p: (max(2 * p, 8), max(4 * p, 16)),
+              "4p, 8p": lambda p: (4 * p, 8 * p)}),
+    "interleaved-zb": ({"pipeline_schedule": "interleaved"},
+                       {"p, 2p": lambda p: (p, 2 * p), "2p, 4p": lambda p: (2 * p, 4 * p)}),
 }
-TWIN_NAME = {"zb-h1": "1F1B", "zb-v": "interleaved"}
+TWIN_NAME = {"zb-h1": "1F1B", "zb-v": "interleaved", "interleaved-zb": "interleaved"}
 
 
 def extrapolated_s(spec: RunSpec, cost: RooflineCost, m1: int, m2: int) -> float:
@@ -67,9 +69,10 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=800)
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--max-per-stage", type=int, default=64)
-    ap.add_argument("--measure", metavar="DATASET", help="also time the grid's zero-bubble steps and their 1F1B twins")
+    ap.add_argument("--measure", metavar="DATASET", help="also time the grid's zero-bubble steps and their twins")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--schedules", default="zb-h1,zb-v", help="the zero-bubble schedules to time with --measure")
+    ap.add_argument("--schedules", default="zb-h1,zb-v,interleaved-zb",
+                    help="the zero-bubble schedules to time with --measure")
     args = ap.parse_args()
     t0 = time.perf_counter()
     errors = {k: {label: [] for label in pairs} for k, (_twin, pairs) in SCHEDULES.items()}
@@ -118,7 +121,7 @@ def main() -> None:
 
 
 def measure_twins(dataset: str, rounds: int, schedules: list[str]) -> None:
-    """Time each zero-bubble step of the grid and its 1F1B twin here; print measured and predicted ratios."""
+    """Time each zero-bubble step of the grid and its twin here; print measured and predicted ratios."""
     import statistics
 
     import pandas as pd
@@ -131,15 +134,14 @@ def measure_twins(dataset: str, rounds: int, schedules: list[str]) -> None:
     grid = step_grid()
     twins = []
     for c in grid:
-        if c.strategy.get("pipeline_schedule") in schedules:
-            # the twin: the same step on one chunk per rank under 1F1B (the grid has it for every ZB-H1 step, not
-            # for the 4-process ZB-V ones)
-            plain = {k: v for k, v in c.strategy.items() if k != "virtual_pipeline_stages"}
-            twins.append((c, dataclasses.replace(c, strategy={**plain, "pipeline_schedule": "1f1b"})))
+        sched = c.strategy.get("pipeline_schedule")
+        if sched in schedules and sched in SCHEDULES:
+            # the twin: the same step and chunks per rank under the schedule without the split backward
+            twins.append((c, dataclasses.replace(c, strategy={**c.strategy, **SCHEDULES[sched][0]})))
     predictor = load_predictor(None, "zero_bubble")
-    print(f"# {len(twins)} zero-bubble steps and their 1F1B twins, {rounds} alternating rounds, median of the "
+    print(f"# {len(twins)} zero-bubble steps and their twins, {rounds} alternating rounds, median of the "
           "rounds' medians")
-    print("| step | measured 1F1B ms | measured zero-bubble ms | measured ratio | simulator | full | fast |")
+    print("| step | measured twin ms | measured zero-bubble ms | measured ratio | simulator | full | fast |")
     print("|---|---|---|---|---|---|---|")
     errors: dict[str, list[float]] = {"simulator": [], "full": [], "fast": []}
     absolute: dict[str, list[float]] = {"simulator": [], "full": [], "fast": []}  # of the zero-bubble times

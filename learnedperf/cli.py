@@ -65,7 +65,7 @@ _STRATEGY_FLAGS = {
 }
 # the run format's specs.strategy.PIPELINE_SCHEDULES, spelled out: the specs import pydantic, which this module
 # leaves to the commands that build runs (tests/test_zb_v.py checks that the two agree)
-_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v")
+_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "interleaved-zb")
 # flag dest -> key of the run format's "hardware" object
 _HARDWARE_FLAGS = {"device": "device", "cluster": "cluster", "num_devices": "num_devices",
                    "devices_per_node": "devices_per_node"}
@@ -138,9 +138,10 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--global-batch-size", type=_positive_int, metavar="N")
     m.add_argument("--schedule", choices=_SCHEDULES,
                    help="pipeline schedule (zero bubble: the backward split into input and weight gradients, "
-                        "pp >= 2; zb-h1 one model chunk per rank, zb-v two in a V, with --virtual-stages 2)")
+                        "pp >= 2; zb-h1 one model chunk per rank, zb-v two in a V, with --virtual-stages 2, "
+                        "interleaved-zb the interleaved placement of --virtual-stages N >= 2)")
     m.add_argument("--virtual-stages", type=_positive_int, metavar="N",
-                   help="model chunks per pipeline rank (interleaved schedule; 2 for zb-v)")
+                   help="model chunks per pipeline rank (interleaved and interleaved-zb; 2 for zb-v)")
     m.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage")
     m.add_argument("--fsdp", action="store_const", const=True,
                    help="PyTorch FSDP: full sharding, or SHARD_GRAD_OP with --zero 2")

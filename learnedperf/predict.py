@@ -444,9 +444,11 @@ SEARCH_CONSTRAINTS = {
     "max_tp": (None, "largest tensor-parallel size (default: the node size)"),
     "max_pp": (64, "largest pipeline size"),
     "schedules": (["1f1b", "interleaved"], "pipeline schedules of the candidates with pp > 1 (gpipe, 1f1b, "
-                                           "interleaved; zero bubble zb-h1, one model chunk per rank, and zb-v, two "
-                                           "in a V, not with fixed fsdp); a candidate without a pipeline takes 1f1b"),
-    "virtual_stages": ([2, 4], "virtual stages per rank of the interleaved schedule"),
+                                           "interleaved; zero bubble zb-h1, one model chunk per rank, zb-v, two "
+                                           "in a V, and interleaved-zb, not with fixed fsdp); a candidate without a "
+                                           "pipeline takes 1f1b"),
+    "virtual_stages": ([2, 4], "virtual stages per rank of the interleaved schedules (interleaved, "
+                               "interleaved-zb)"),
     "recompute": (["none", "selective", "full"], "recomputation policies"),
     "zero_stages": ([0, 1, 2, 3], "ZeRO stages (2 and 3 only without a pipeline)"),
     "hybrid_sharding": ([False, True], "with true, a ZeRO candidate whose data-parallel group leaves a node also "
@@ -542,7 +544,7 @@ def enumerate_strategies(model: Any, hw: Any, constraints: Optional[dict] = None
     Raises:
         InputError: a bad constraint, or more than ``max_candidates`` candidates.
     """
-    from .specs.strategy import EXPERT_DISPATCH_DEFAULTS, V_SHAPE_SCHEDULES
+    from .specs.strategy import EXPERT_DISPATCH_DEFAULTS, INTERLEAVED_SCHEDULES, V_SHAPE_SCHEDULES
 
     c = _check_constraints(model, hw, constraints)
     n, gbs = hw.num_devices, c["global_batch_size"]
@@ -575,9 +577,9 @@ def enumerate_strategies(model: Any, hw: Any, constraints: Optional[dict] = None
                     pipes: list[tuple[str, int]] = [("1f1b", 1)]
                     if pp > 1:
                         pipes = [(sch, 2 if sch in V_SHAPE_SCHEDULES else 1) for sch in c["schedules"]
-                                 if sch != "interleaved"]
-                        if "interleaved" in c["schedules"]:
-                            pipes += [("interleaved", v) for v in c["virtual_stages"] if v >= 2]
+                                 if sch not in INTERLEAVED_SCHEDULES]
+                        pipes += [(sch, v) for sch in c["schedules"] if sch in INTERLEAVED_SCHEDULES
+                                  for v in c["virtual_stages"] if v >= 2]
                     sps = [sp for sp in c["sequence_parallel"] if tp > 1 or not sp] or [False]
                     zeros = [z for z in c["zero_stages"] if pp == 1 or z <= 1]
                     for ep in eps:

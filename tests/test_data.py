@@ -121,7 +121,8 @@ def test_sample_covers_families_devices_scales_and_strategies():
     fam = Counter(s.model.arch for s in specs)
     assert fam == {f: 100 for f in FAMILIES}  # stratified exactly
     st = [s.strategy for s in specs]
-    assert {x.pipeline_schedule for x in st if x.pp > 1} == {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"}
+    assert {x.pipeline_schedule for x in st if x.pp > 1} == {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v",
+                                                             "interleaved-zb"}
     assert {x.zero_stage for x in st} == {0, 1, 2, 3}
     assert any(x.fsdp for x in st)
     assert {x.recompute for x in st} == {"none", "selective", "full"}

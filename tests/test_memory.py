@@ -249,4 +249,4 @@ def test_peak_memory_of_equals_the_compiled_schedules_on_sampled_runs():
         fast = peak_memory_of(run)
         assert fast.to_GiB() == pytest.approx(compiled.to_GiB(), rel=1e-12), raw
         assert fast.stage == compiled.stage
-    assert kinds == {"none", "gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"}
+    assert kinds == {"none", "gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "interleaved-zb"}

@@ -3,7 +3,8 @@
 Expected values come from the schedules themselves (Qi et al., ICLR 2024, "Zero Bubble Pipeline Parallelism"):
 ZB-H1 keeps 1F1B's micro-batches in flight with one model chunk per rank, so it is the run format's ``zb-h1``;
 ZB-H2 holds more micro-batches in flight, ZB-V and DualPipe place two chunks per rank in a V shape (DualPipe feeding
-both ends), and an interleaved zero bubble runs several chunks per rank — none of them is ``zb-h1``. A zero-bubble
+both ends), and an interleaved zero bubble runs several chunks per rank — none of them is ``zb-h1``; the interleaved
+one is ``interleaved-zb`` with the depth the row states. A zero-bubble
 schedule needs a pipeline (pp >= 2), and the run validation refuses it with per-layer sharding (ZeRO-3 or FSDP).
 """
 
@@ -57,18 +58,38 @@ def test_the_papers_zb_1p_is_read_as_zb_h1_and_counted(tmp_path, text):
     ("ZB-2p", "holds more micro-batches in flight than 1F1B"),
     ("DualPipe", "feeds micro-batches into both ends of the pipeline"),
     ("DualPipeV", "feeds micro-batches into both ends of the pipeline"),
-    ("InterleavedZeroBubble", "runs several model chunks per rank"),    # torchtitan's, not ZB-H1
-    ("interleaved ZB-H1", "runs several model chunks per rank"),
+    ("ZB-VPP", "the zero-bubble repository's interleaved variant"),
     ("zero bubble", "the row does not say which kind"),
     ("ZB-H1 or ZB-V", "the row names several (ZB-V, ZB-H1)"),
+    ("interleaved ZB-H2", "the row names several (interleaved zero bubble, ZB-H2)"),
 ])
 def test_other_zero_bubble_schedules_are_skipped_naming_why(tmp_path, text, why):
     got = load_published(_table(tmp_path, vpp_or_schedule=text))
     assert not got.runs
     ((_, reason),) = got.skipped
-    assert reason.startswith(f"vpp_or_schedule {text!r}: of the zero-bubble schedules only ZB-H1 and ZB-V are "
-                             "modelled; ")
+    assert reason.startswith(f"vpp_or_schedule {text!r}: of the zero-bubble schedules only ZB-H1, ZB-V and "
+                             "interleaved zero bubble are modelled; ")
     assert why in reason
+
+
+@pytest.mark.parametrize("text, v", [("InterleavedZeroBubble, vpp=2", 2), ("interleaved ZB-H1 (4 chunks)", 4),
+                                     ("Interleaved zero bubble, v=3", 3), ("ZB-1p interleaved, vpp 2", 2)])
+def test_interleaved_zero_bubble_rows_are_interleaved_zb(tmp_path, text, v):
+    # torchtitan's InterleavedZeroBubble is PyTorch's ZB-1p interleaved order: the run format's 'interleaved-zb'
+    got = load_published(_table(tmp_path, vpp_or_schedule=text, global_batch_size_seqs="32"))
+    assert not got.skipped, got.skipped
+    s = RunSpec.from_dict(got.runs[0].run).strategy
+    assert (s.pipeline_schedule, s.pp, s.virtual_pipeline_stages) == ("interleaved-zb", 4, v)
+    assert not any("interleav" in a for a in got.runs[0].run["meta"]["assumed"])  # named, not assumed
+
+
+@pytest.mark.parametrize("text", ["InterleavedZeroBubble", "interleaved ZB-H1", "interleaved zero bubble, vpp=1"])
+def test_interleaved_zero_bubble_of_unstated_depth_is_skipped(tmp_path, text):
+    got = load_published(_table(tmp_path, vpp_or_schedule=text))
+    assert not got.runs
+    ((_, reason),) = got.skipped
+    assert reason == (f"vpp_or_schedule {text!r}: an interleaved zero-bubble schedule runs two or more model chunks "
+                      "per rank, and the row does not state how many (say 'vpp=N' or 'N chunks')")
 
 
 @pytest.mark.parametrize("text", ["ZB-H1, vpp=2", "ZB-H1 (2 chunks)"])

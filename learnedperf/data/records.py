@@ -21,6 +21,8 @@ import hashlib
 from functools import cache
 from typing import Any, Optional
 
+from ..specs.strategy import ZERO_BUBBLE_SCHEDULES
+
 SCHEMA_VERSION = 1
 """Version of :data:`RECORD_COLUMNS`."""
 
@@ -58,7 +60,8 @@ RECORD_COLUMNS: dict[str, tuple[str, str]] = {
     "effective_zero_stage": ("int64", "ZeRO stage with FSDP counted as 3"),
     "recompute": ("string", "'none', 'selective' or 'full'"),
     "sequence_parallel": ("bool", "Megatron sequence parallelism"),
-    "pipeline_schedule": ("string", "'gpipe', '1f1b', 'interleaved', 'zb-h1' or 'zb-v' (meaningful when pp > 1)"),
+    "pipeline_schedule": ("string", "'gpipe', '1f1b', 'interleaved', 'zb-h1', 'zb-v' or 'interleaved-zb' "
+                                    "(meaningful when pp > 1)"),
     "virtual_pipeline_stages": ("int64", "model chunks per pipeline rank"),
     "micro_batch_size": ("int64", "sequences per micro-batch"),
     "global_batch_size": ("int64", "sequences per iteration"),
@@ -136,12 +139,12 @@ STRATEGY_SIGNATURE_COLUMNS = ("tp", "pp", "dp", "cp", "ep", "effective_zero_stag
 
 def strategy_signature(tp: int, pp: int, dp: int, cp: int, ep: int, zero_stage: int, schedule: str) -> str:
     """The parallel techniques a run combines, in the terms of the held-out strategy and sharding splits
-    (:mod:`learnedperf.models.evaluate`): ``tp``, ``pp`` (and ``interleaved``, ``zb-h1`` or ``zb-v``), ``cp``,
+    (:mod:`learnedperf.models.evaluate`): ``tp``, ``pp`` (and the schedule unless 1F1B or GPipe), ``cp``,
     ``ep``, then how the data-parallel ranks hold the states — ``zero3`` (ZeRO-3 or FSDP's FULL_SHARD),
     ``zero2``, ``zero1`` or plain ``dp`` — joined with ``+`` in that order; ``single`` when nothing is split.
     Sizes do not count: tp 2 and tp 8 combine the same techniques."""
     parts = [name for name, n in (("tp", tp), ("pp", pp)) if n > 1]
-    if pp > 1 and schedule in ("interleaved", "zb-h1", "zb-v"):
+    if pp > 1 and schedule in ("interleaved", *ZERO_BUBBLE_SCHEDULES):
         parts.append(schedule)
     parts += [name for name, n in (("cp", cp), ("ep", ep)) if n > 1]
     if zero_stage >= 1:

@@ -21,8 +21,8 @@ What is covered, and how:
   bandwidths drawn where the catalog has none;
 * **cluster size** — ``2^k`` devices with ``k`` uniform in 0..14 (1 to 16,384),
   some ``3·2^k`` (as the 3,072-GPU SC21 runs);
-* **strategy** — tp, pp (gpipe / 1f1b / interleaved / zero bubble H1 and ZB-V), dp, cp, ep (MoE; with DeepEP's
-  dispatch or all-to-alls overlapped, a third of the time each; experts padded to a capacity factor of 1-2 in
+* **strategy** — tp, pp (gpipe / 1f1b / interleaved / zero bubble H1, ZB-V and interleaved), dp, cp, ep (MoE; with
+  DeepEP's dispatch or all-to-alls overlapped, a third of the time each; experts padded to a capacity factor of 1-2 in
   30 % of MoE runs), ZeRO 0-3,
   FSDP, hybrid sharding (a third of the sharded runs whose data-parallel group leaves a node: mostly
   one copy of the states per node, as FSDP's HYBRID_SHARD, else any valid copy count), recompute
@@ -60,7 +60,7 @@ from typing import Any, Iterator, Optional
 
 from ..errors import InputError, LearnedPerfError, SpecError
 
-SAMPLER_VERSION = "9"
+SAMPLER_VERSION = "10"
 """Version of the sampling distribution; a change gives other runs for the same seed."""
 
 FAMILIES = ("gpt", "llama", "bert", "moe")
@@ -108,6 +108,9 @@ _ZB_H1_SHARE = 0.3
 #: share of interleaved pipelines of two chunks per rank (without layer-by-layer gathers) drawn as ZB-V instead:
 #: a sampling choice so that the V placement appears in training, not a measured share
 _ZB_V_SHARE = 0.5
+#: share of the other interleaved pipelines (without layer-by-layer gathers) drawn as interleaved zero bubble
+#: instead: a sampling choice so that the split backward over interleaved chunks appears in training
+_INTERLEAVED_ZB_SHARE = 0.3
 _BYTES_PER_PARAM = 18.0  # bf16 weights 2 + fp32 grads 4 + fp32 master 4 + two Adam moments 8 (ZeRO paper §3.1)
 
 
@@ -377,16 +380,19 @@ def _draw_strategy(rng: random.Random, spec_model: Any, device: dict, num_device
         pass  # zero-bubble schedules are not modelled with layer-by-layer gathers (nor without a backward)
     elif s.get("pipeline_schedule") == "1f1b" and rng.random() < _ZB_H1_SHARE:
         s["pipeline_schedule"] = "zb-h1"
-    elif (s.get("pipeline_schedule") == "interleaved" and s.get("virtual_pipeline_stages") == 2
-          and rng.random() < _ZB_V_SHARE):
-        s["pipeline_schedule"] = "zb-v"
+    elif s.get("pipeline_schedule") == "interleaved":
+        if s.get("virtual_pipeline_stages") == 2 and rng.random() < _ZB_V_SHARE:
+            s["pipeline_schedule"] = "zb-v"
+        elif rng.random() < _INTERLEAVED_ZB_SHARE:
+            s["pipeline_schedule"] = "interleaved-zb"
     return s
 
 
 def _no_zero_bubble(s: dict) -> None:
-    """Turn a zero-bubble schedule of strategy ``s`` into the one it was drawn from: ZB-H1 into 1F1B, ZB-V into
-    Megatron's interleaving of the same two chunks per rank (the draw kept its micro-batches a multiple of pp)."""
-    back = {"zb-h1": "1f1b", "zb-v": "interleaved"}.get(s.get("pipeline_schedule"))
+    """Turn a zero-bubble schedule of strategy ``s`` into the one it was drawn from: ZB-H1 into 1F1B, ZB-V and
+    interleaved zero bubble into Megatron's interleaving of the same chunks per rank (the draw kept its
+    micro-batches a multiple of pp)."""
+    back = {"zb-h1": "1f1b", "zb-v": "interleaved", "interleaved-zb": "interleaved"}.get(s.get("pipeline_schedule"))
     if back:
         s["pipeline_schedule"] = back
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import InputError
+from ..specs.strategy import INTERLEAVED_SCHEDULES
 
 HOLDOUT_FAMILY = "llama"
 HOLDOUT_DEVICES = ("H200-SXM-141GB", "MI300X", "L40S")
@@ -57,10 +58,11 @@ SPLITS: dict[str, Split] = {s.name: s for s in (
                            "included); train = every other device",
           {"column": "device_type", "op": "in", "value": list(HOLDOUT_DEVICES)}, ("device_type",),
           lambda df: df["device_type"].isin(HOLDOUT_DEVICES)),
-    Split("unseen_strategy", "test = interleaved pipeline schedule (virtual pipeline stages); train = gpipe / 1f1b "
-                             "/ no pipeline",
-          {"column": "pipeline_schedule", "op": "==", "value": "interleaved"}, ("pipeline_schedule", "pp"),
-          lambda df: (df["pipeline_schedule"] == "interleaved") & (df["pp"] > 1)),
+    Split("unseen_strategy", "test = interleaved pipeline schedules (virtual pipeline stages in Megatron's "
+                             "placement, with or without zero bubble); train = the other schedules / no pipeline",
+          {"column": "pipeline_schedule", "op": "in", "value": list(INTERLEAVED_SCHEDULES)},
+          ("pipeline_schedule", "pp"),
+          lambda df: df["pipeline_schedule"].isin(INTERLEAVED_SCHEDULES) & (df["pp"] > 1)),
     Split("unseen_sharding", "test = fully sharded states (ZeRO stage 3 or FSDP FULL_SHARD); "
                              "train = ZeRO 0-2 and FSDP SHARD_GRAD_OP",
           {"column": "effective_zero_stage", "op": "==", "value": 3}, ("effective_zero_stage",),

@@ -34,7 +34,7 @@ from ..data.graphs import DTYPES, EDGE_TYPES, KINDS, NODE_FEATURES, PHASES, SHAP
 from ..errors import InputError
 from .ops import FeatureSchema
 
-GRAPH_FEATURE_SCHEMA_VERSION = 9
+GRAPH_FEATURE_SCHEMA_VERSION = 10
 """Version of the node, edge and global feature schemas together; bumped on any change of names,
 order or meaning (checkpoints refuse to load under another version)."""
 
@@ -48,7 +48,7 @@ BREAKDOWN_PARTS = ("forward", "backward", "recompute", "compute", "optimizer", "
 #: Record column of the simulator's iteration time.
 SIM_TIME_COLUMN = "sim_iteration_time_ms"
 
-_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v")
+_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "interleaved-zb")
 _RECOMPUTE = ("none", "selective", "full")
 _ZERO_STAGES = (0, 1, 2, 3)
 

@@ -37,11 +37,11 @@ from ..graph.transformer import (backward_of, embedding_backward, embedding_forw
 from ..simulate.simulator import kernels_beside_alltoalls_s
 from .ops import FeatureSchema
 
-RUN_FEATURE_SCHEMA_VERSION = 8
+RUN_FEATURE_SCHEMA_VERSION = 9
 """Version of :data:`RUN_FEATURE_SCHEMA`; bumped on any change of names, order or meaning."""
 
 _ARCHS = ("gpt", "llama", "bert", "moe")
-_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v")
+_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "interleaved-zb")
 _RECOMPUTE = ("none", "selective", "full")
 _PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
 _BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
@@ -406,7 +406,8 @@ def analytic_time(run: Any, ctx: RunContext, loads: Optional[list] = None) -> An
             bubble *= max(0.0, layers_s - w_s) / (2.0 * layers_s)
         else:
             # zero bubble H1: the weight gradients W fill the bubble, (p-1)(F+B-W) against 1F1B's (p-1)(F+B+W)
-            # (Qi et al., ICLR 2024, Table 1)
+            # (Qi et al., ICLR 2024, Table 1); interleaved zero bubble, of a chunk's passes against interleaving's
+            # (the simulator's time on equal chunks, tests/test_interleaved_zb.py)
             bubble *= max(0.0, layers_s - 2.0 * w_s) / layers_s
     return AnalyticTime(compute, layer_comm, flops / peak, memory_bound, pp_s, dp_s, opt, bubble, exposed)
 

@@ -240,6 +240,47 @@ def schedule_zb_v(p: int, m: int, stage: int) -> list[tuple[str, int, int]]:
     return [u for u in order if u[2] < m]
 
 
+def schedule_interleaved_zb(p: int, v: int, m: int, stage: int) -> list[tuple[str, int, int]]:
+    """Interleaved zero bubble: Megatron's placement of ``v`` chunks per rank (rank ``r`` holds virtual stages
+    ``r, r+p, ...``), the backward split into ``B`` and ``W``.
+
+    The order is PyTorch's ``ScheduleInterleavedZeroBubble`` (``torch.distributed.pipelining``, torchtitan's
+    ``InterleavedZeroBubble``; the ZB-1P schedule of Qi et al., ICLR 2024, interleaved), for ``m`` a multiple of
+    ``p``, where PyTorch's rounds hold ``p`` micro-batches each: rank ``r`` warms up with ``(v-1)p + p-1-r``
+    chunk forwards (one more per hop towards rank 0, where interleaved 1F1B adds two: the ``W`` fill the gaps),
+    then alternates a forward with a ``B``, each chunk's micro-batches in groups of ``p`` as interleaving runs them
+    (backwards through the chunks in reverse), and runs a ``W`` after every ``B`` from its ``r+1``-th on; it ends
+    with the ``r`` it deferred. The units PyTorch pads with to align ranks are waits, which the simulator finds itself.
+    """
+    total = m * v
+    warm = min((v - 1) * p + p - 1 - stage, total)
+    count: dict[tuple[str, int], int] = {}
+    order: list[tuple[str, int, int]] = []
+    backwards: list[int] = []  # the chunk of every B so far: the W follow in the same order
+
+    def unit(kind: str, chunk: int) -> None:
+        i = count.get((kind, chunk), 0)
+        count[(kind, chunk)] = i + 1
+        order.append((kind, chunk, i))
+
+    def backward(k: int) -> None:
+        unit("B", v - 1 - ((k - warm) // p) % v)
+        backwards.append(order[-1][1])
+        if k - warm >= stage:  # this rank's first ``stage`` weight passes wait for the end
+            unit("W", backwards[k - warm - stage])
+
+    for k in range(warm):
+        unit("F", (k // p) % v)
+    for k in range(warm, total):
+        unit("F", (k // p) % v)
+        backward(k)
+    for k in range(total, total + warm):
+        backward(k)
+    for chunk in backwards[max(0, total - stage):]:
+        unit("W", chunk)
+    return order
+
+
 def pipeline_order(schedule: str, p: int, v: int, m: int, stage: int) -> list[tuple[str, int, int]]:
     """The units of pipeline rank ``stage`` of ``p`` (``p >= 2``, ``v`` chunks each) in a training step of ``m``
     micro-batches under ``schedule``, as ``(kind, chunk, micro-batch)``: what the compiler gives every stage, and
@@ -258,6 +299,8 @@ def pipeline_order(schedule: str, p: int, v: int, m: int, stage: int) -> list[tu
         return schedule_zb_h1(p, m, stage)
     if schedule == "zb-v":
         return schedule_zb_v(p, m, stage)
+    if schedule == "interleaved-zb":
+        return schedule_interleaved_zb(p, v, m, stage)
     raise ValueError(f"pipeline schedule {schedule!r} has no order")
 
 

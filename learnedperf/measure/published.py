@@ -696,12 +696,13 @@ def _hybrid(raw: str, base: dict, tp: int, cp: int, dp: int, per_node: int, assu
 # zero-bubble pipeline schedules (Qi et al., ICLR 2024, "Zero Bubble Pipeline Parallelism": ZB-H1, ZB-H2, ZB-V and
 # the automatic ZB-1p/ZB-2p; torchtitan's InterleavedZeroBubble and ZBVZeroBubble; DeepSeek-V3's DualPipe/DualPipeV)
 _ZERO_BUBBLE = re.compile(r"zero[\s_-]*bubble|\bzb[\s_-]*(?:h[\s_-]*[12]|[12][\s_-]*p|v|vpp)\b|\bzbv|dual[\s_-]*pipe")
-# the kinds a row's words name → why each one is not modelled (None: ZB-H1 and ZB-V, the run format's "zb-h1" and
-# "zb-v"), checked in this order; "ZB-VPP" is the zero-bubble repository's interleaved variant, not ZB-V
+# the kinds a row's words name → why each one is not modelled (None: ZB-H1, ZB-V and PyTorch's interleaved zero
+# bubble, the run format's "zb-h1", "zb-v" and "interleaved-zb"), checked in this order
 _ZB_KINDS = (
-    ("interleaved zero bubble", re.compile(r"(?<!non)(?<!non[\s-])interleav|\bzb[\s_-]*vpp\b"),
-     "an interleaved zero-bubble schedule (torchtitan's InterleavedZeroBubble, ZB-VPP) runs several model chunks "
-     "per rank in Megatron's interleaved order, and 'zb-h1' has one chunk per rank"),
+    ("ZB-VPP", re.compile(r"\bzb[\s_-]*vpp\b"),
+     "ZB-VPP is the zero-bubble repository's interleaved variant, whose order this package does not have ("
+     "'interleaved-zb' is PyTorch's InterleavedZeroBubble)"),
+    ("interleaved zero bubble", re.compile(r"(?<!non)(?<!non[\s-])interleav"), None),
     ("ZB-V", re.compile(r"\bzb[\s_-]*v\b|\bzbv(?!pp)"), None),
     ("DualPipe", re.compile(r"dual[\s_-]*pipe"),
      "DualPipe feeds micro-batches into both ends of the pipeline, two model chunks on each rank (DualPipeV: "
@@ -722,22 +723,31 @@ _ZB_DEPTH = re.compile(r"\b(?:vpp|vp|v|chunks?|virtual[\w ]*?)\s*[=:]?\s*(\d+)"
 
 def _zero_bubble(raw: str, text: str, assumed: list) -> dict:
     """The schedule of a row whose ``vpp_or_schedule`` names a zero-bubble schedule: ZB-H1 → ``zb-h1`` (one model
-    chunk per rank), ZB-V → ``zb-v`` (two in a V); any other kind, several kinds, none stated, or a depth the kind
-    does not have is skipped with its reason."""
+    chunk per rank), ZB-V → ``zb-v`` (two in a V), an interleaved one (torchtitan's InterleavedZeroBubble,
+    "interleaved ZB-H1") → ``interleaved-zb`` with the chunks per rank it states; any other kind, several kinds,
+    none stated, or a depth the kind does not have is skipped with its reason."""
     named = [(kind, why) for kind, pattern, why in _ZB_KINDS if pattern.search(text)]
-    head = f"vpp_or_schedule {raw!r}: of the zero-bubble schedules only ZB-H1 and ZB-V are modelled"
-    interleaved = [why for kind, why in named if kind == "interleaved zero bubble"]
-    if interleaved:
-        raise _Skip(f"{head}; {interleaved[0]}")
+    head = f"vpp_or_schedule {raw!r}: of the zero-bubble schedules only ZB-H1, ZB-V and interleaved zero bubble are " \
+           "modelled"
+    if [kind for kind, _ in named][:1] == ["interleaved zero bubble"] and all(
+            kind == "ZB-H1" for kind, _ in named[1:]):
+        # "interleaved" qualifies ZB-H1 or ZB-1p named beside it: PyTorch's interleaved order is ZB-1p's
+        named = named[:1]
     if len(named) > 1:
         raise _Skip(f"{head}; the row names several ({', '.join(kind for kind, _ in named)}): state the one it ran")
     if not named:
-        raise _Skip(f"{head}; the row does not say which kind (ZB-H1, ZB-H2, ZB-V, DualPipe): they differ in the "
-                    "micro-batches in flight and the placement of model chunks")
+        raise _Skip(f"{head}; the row does not say which kind (ZB-H1, ZB-H2, ZB-V, interleaved, DualPipe): they "
+                    "differ in the micro-batches in flight and the placement of model chunks")
     kind, why = named[0]
     if why is not None:
         raise _Skip(f"{head}; {why}")
     found = _ZB_DEPTH.search(text)
+    if kind == "interleaved zero bubble":
+        depth = int(found.group(1) or found.group(2)) if found else 0
+        if depth < 2:
+            raise _Skip(f"vpp_or_schedule {raw!r}: an interleaved zero-bubble schedule runs two or more model "
+                        "chunks per rank, and the row does not state how many (say 'vpp=N' or 'N chunks')")
+        return {"pipeline_schedule": "interleaved-zb", "virtual_pipeline_stages": depth}
     chunks = 2 if kind == "ZB-V" else 1
     depth = int(found.group(1) or found.group(2)) if found else chunks
     if depth != chunks:
@@ -778,8 +788,8 @@ def _schedule(row: dict, pp: int, assumed: list) -> dict:
         if not text:
             assumed.append("1F1B pipeline schedule (blank)")
         return {"pipeline_schedule": "1f1b"}
-    raise _Skip(f"field 'vpp_or_schedule': {_cell(row, 'vpp_or_schedule')!r} is not 1F1B, GPipe, interleaved, ZB-H1 "
-                "or ZB-V")
+    raise _Skip(f"field 'vpp_or_schedule': {_cell(row, 'vpp_or_schedule')!r} is not 1F1B, GPipe, interleaved, ZB-H1, "
+                "ZB-V or interleaved zero bubble")
 
 
 def _strategy(row: dict, model: dict, num_gpus: int, per_node: int, assumed: list) -> dict:

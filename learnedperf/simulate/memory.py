@@ -115,9 +115,9 @@ def memory_microbatches(run) -> int:
 
     Peak memory depends on the micro-batch count only through the activations in flight on a
     stage, which stop growing after the warm-up: ``p - 1`` forwards for 1F1B, at most
-    ``(p-1)·2 + (v-1)·p < 2·p·v`` chunk forwards for the interleaved schedule (reached with ``2·p``
-    micro-batches, a multiple of ``p`` as interleaving needs), ``2p`` chunk forwards of ``p``
-    micro-batches for ZB-V (whose order is laid out on at least ``2p-1``), one without a pipeline;
+    ``(p-1)·2 + (v-1)·p < 2·p·v`` chunk forwards for the interleaved schedule and ``v·p - 1`` for interleaved
+    zero bubble (reached with ``2·p`` micro-batches, a multiple of ``p`` as interleaving needs), ``2p`` chunk
+    forwards of ``p`` micro-batches for ZB-V (whose order is laid out on at least ``2p-1``), one without a pipeline;
     GPipe keeps every micro-batch in flight and needs them all. Compiling this many instead of
     thousands keeps memory checks cheap.
     """
@@ -127,7 +127,7 @@ def memory_microbatches(run) -> int:
         return min(m, 2)
     if s.pipeline_schedule == "gpipe":
         return m
-    return min(m, 2 * s.pp if s.pipeline_schedule in ("interleaved", "zb-v") else s.pp)
+    return min(m, 2 * s.pp if s.interleaved or s.v_shape else s.pp)
 
 
 def in_flight_microbatches(schedule: list[tuple[str, int, int]]) -> int:
@@ -154,7 +154,8 @@ def peak_in_flight(run, stage: int) -> int:
     ``i`` (and ZB-H1's) warms up with ``min(p-i-1, m)`` forwards and runs one more before its first
     backward; interleaving warms up with ``(p-i-1)·2 + (v-1)·p`` chunk forwards (Megatron); ZB-V's
     rank ``i`` runs ``2p-i-1`` chunk-0 forwards and ``i+1`` chunk-1 forwards before its first ``B``
-    (each count cut at the ``m`` micro-batches there are) and never has more in flight after; GPipe
+    (each count cut at the ``m`` micro-batches there are) and never has more in flight after; interleaved zero
+    bubble warms up with ``(v-1)·p + p-i-1`` (PyTorch's order, one more forward before the first ``B``); GPipe
     holds every micro-batch; without a pipeline one micro-batch is in flight.
     """
     s = run.strategy
@@ -167,6 +168,8 @@ def peak_in_flight(run, stage: int) -> int:
         return min((p - stage - 1) * 2 + (v - 1) * p + 1, m * v)
     if s.pipeline_schedule == "zb-v":
         return min(2 * p - stage - 1, m) + min(stage + 1, m)
+    if s.pipeline_schedule == "interleaved-zb":
+        return min(v * p - stage, m * v)
     return min(p - stage, m)
 
 

@@ -710,10 +710,10 @@ def simulate(run: RunSpec | dict, *, cost: CostModel | None = None, trace: bool 
         # deferred weight passes let early delays (the parameter gather, shared links) spread over the first
         # micro-batches, so ZB-H1 reaches its line later: from 2p and 4p, 248 of 250 sampled runs extrapolate
         # to within 0.1 % of the exact time, from p and 2p 221 (experiments/zero_bubble.py --n 1500 --seeds
-        # 0,1,2; sampler 9). ZB-V, laid out on at least 2p-1 micro-batches, gets there later still on short
-        # pipelines: from at least 8 and 16, 84 of 89 sampled runs within 0.1 %, from 2p and 4p 79 (the worst,
-        # 2.3 %, two pp-8 runs whose chunks hold 3 and 2 layers, settle by 4p and 8p)
-        m1, m2 = (max(2 * s.pp, 8), max(4 * s.pp, 16)) if s.v_shape else (2 * s.pp, 4 * s.pp)
+        # 0,1,2; sampler 9), interleaved zero bubble 97 of 98 (worst 0.51 %; from p and 2p 81; sampler 10). ZB-V,
+        # laid out on at least 2p-1 micro-batches, gets there later still: from 4p and 8p 78 of 83 (worst 0.65 %),
+        # from max(2p, 8) and max(4p, 16) 73 (worst 2.6 %; sampler 10)
+        m1, m2 = (4 * s.pp, 8 * s.pp) if s.v_shape else (2 * s.pp, 4 * s.pp)
     extrapolate = not (exact or trace) and m > m2
     if extrapolate:
         # the bottleneck stage of m2's pipeline is analysed at m1 too: the breakdown's line joins one stage

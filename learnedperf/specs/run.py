@@ -179,10 +179,12 @@ def _complete_strategy(model: ModelSpec, hw: HardwareSpec, s: Strategy) -> Strat
     # layers that do not divide over pp·v go to the middle ranks (graph.execution.chunk_layout): the
     # first and last, which hold the embedding and the LM head, get fewer, as Llama 3 405B's 126 layers
     # over 16 stages did (Llama Team 2024, arXiv 2407.21783, section 3.3.2)
-    if s.pipeline_schedule == "interleaved":
+    if s.interleaved:
+        # Megatron's rule; PyTorch's InterleavedZeroBubble also runs other counts, in rounds of more than pp
+        # micro-batches each, which are not modelled
         if m % s.pp:
             raise SpecError("strategy.global_batch_size",
-                            f"the interleaved schedule needs the number of micro-batches ({m}) "
+                            f"the {s.pipeline_schedule!r} schedule needs the number of micro-batches ({m}) "
                             f"to be a multiple of pp={s.pp}")
     if s.cp > 1 and model.seq_length % (2 * s.cp):
         raise SpecError("strategy.cp", f"seq_length={model.seq_length} is not divisible by 2·cp={2 * s.cp}")
@@ -219,7 +221,7 @@ def _complete_strategy(model: ModelSpec, hw: HardwareSpec, s: Strategy) -> Strat
                                                      f"data-parallel size dp·cp/ep = {dp * s.cp // s.ep}")
     if hw.device.peak_tflops.get(s.precision) is None:
         raise SpecError("strategy.precision", f"device {hw.device.name} has no {s.precision} math")
-    if s.pipeline_schedule == "interleaved" and s.pp < 2:
+    if s.interleaved and s.pp < 2:
         raise SpecError("strategy.pipeline_schedule", "interleaving needs pp >= 2")
     if s.zero_bubble and s.pp < 2:
         raise SpecError("strategy.pipeline_schedule", "a zero-bubble schedule needs pp >= 2")

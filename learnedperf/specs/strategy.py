@@ -10,7 +10,7 @@ from pydantic import Field, model_validator
 from ._base import FieldValueError, Spec
 
 Precision = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
-PipelineSchedule = Literal["gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"]
+PipelineSchedule = Literal["gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "interleaved-zb"]
 #: Every ``pipeline_schedule`` the run format accepts.
 PIPELINE_SCHEDULES: tuple[str, ...] = get_args(PipelineSchedule)
 
@@ -23,9 +23,12 @@ EXPERT_DISPATCH_DEFAULTS = MappingProxyType({"moe_dispatcher": "alltoall", "over
 _MAX = 1 << 20
 
 #: Pipeline schedules that split the backward into input-gradient (B) and weight-gradient (W) passes.
-ZERO_BUBBLE_SCHEDULES = ("zb-h1", "zb-v")
+ZERO_BUBBLE_SCHEDULES = ("zb-h1", "zb-v", "interleaved-zb")
 #: Pipeline schedules that place rank r's two model chunks at virtual stages r and 2p-1-r.
 V_SHAPE_SCHEDULES = ("zb-v",)
+#: Pipeline schedules that run ``virtual_pipeline_stages >= 2`` model chunks per rank in Megatron's placement (rank r
+#: holds virtual stages r, r+p, ...).
+INTERLEAVED_SCHEDULES = ("interleaved", "interleaved-zb")
 
 
 class Strategy(Spec):
@@ -49,9 +52,11 @@ class Strategy(Spec):
                     "then all backwards), '1f1b' (PipeDream-Flush), 'interleaved' (Megatron's, with "
                     "virtual_pipeline_stages chunks per rank), or a zero-bubble schedule (Qi et al., ICLR 2024), "
                     "whose backward is split into the input gradients, on the critical path, and the weight "
-                    "gradients, which fill the bubbles: 'zb-h1' (1F1B's micro-batches in flight) or 'zb-v' (two "
+                    "gradients, which fill the bubbles: 'zb-h1' (1F1B's micro-batches in flight), 'zb-v' (two "
                     "model chunks per rank in a V, the first and the last on rank 0, virtual_pipeline_stages 2: "
-                    "PyTorch's ScheduleZBVZeroBubble, torchtitan's ZBVZeroBubble)")
+                    "PyTorch's ScheduleZBVZeroBubble, torchtitan's ZBVZeroBubble) or 'interleaved-zb' "
+                    "(virtual_pipeline_stages chunks per rank placed as 'interleaved' places them: PyTorch's "
+                    "ScheduleInterleavedZeroBubble, torchtitan's InterleavedZeroBubble)")
     virtual_pipeline_stages: int = Field(default=1, ge=1, le=_MAX, description="model chunks per pipeline rank")
     zero_stage: Literal[0, 1, 2, 3] = 0
     fsdp: bool = Field(
@@ -135,16 +140,16 @@ class Strategy(Spec):
         if self.dp_replicate > 1 and self.effective_zero_stage == 0:
             raise FieldValueError("dp_replicate", "hybrid sharding replicates sharded states: it needs zero_stage "
                                                   ">= 1 or fsdp (without sharding every rank holds a replica)")
-        if self.pipeline_schedule == "interleaved" and self.virtual_pipeline_stages < 2:
+        if self.interleaved and self.virtual_pipeline_stages < 2:
             raise FieldValueError("virtual_pipeline_stages",
-                                  "pipeline_schedule 'interleaved' needs virtual_pipeline_stages >= 2")
+                                  f"pipeline_schedule {self.pipeline_schedule!r} needs virtual_pipeline_stages >= 2")
         if self.v_shape and self.virtual_pipeline_stages != 2:
             raise FieldValueError("virtual_pipeline_stages",
                                   f"pipeline_schedule {self.pipeline_schedule!r} places two model chunks on each rank "
                                   f"in a V: set virtual_pipeline_stages 2, not {self.virtual_pipeline_stages}")
-        if self.virtual_pipeline_stages > 1 and self.pipeline_schedule not in ("interleaved", *V_SHAPE_SCHEDULES):
-            raise FieldValueError("pipeline_schedule",
-                                  "virtual_pipeline_stages > 1 needs pipeline_schedule 'interleaved' or 'zb-v'")
+        if self.virtual_pipeline_stages > 1 and not (self.interleaved or self.v_shape):
+            raise FieldValueError("pipeline_schedule", "virtual_pipeline_stages > 1 needs pipeline_schedule "
+                                                       "'interleaved', 'interleaved-zb' or 'zb-v'")
         name = self.pipeline_schedule
         if self.zero_bubble and self.forward_only:
             raise FieldValueError("pipeline_schedule", f"{name!r} splits the backward pass; a forward-only step has "
@@ -192,6 +197,12 @@ class Strategy(Spec):
     def v_shape(self) -> bool:
         """True when each rank holds two model chunks in a V: virtual stages ``r`` and ``2p-1-r`` on rank ``r``."""
         return self.pipeline_schedule in V_SHAPE_SCHEDULES
+
+    @property
+    def interleaved(self) -> bool:
+        """True when each rank holds ``virtual_pipeline_stages`` chunks in Megatron's placement: virtual stages
+        ``r, r+p, ...`` on rank ``r``."""
+        return self.pipeline_schedule in INTERLEAVED_SCHEDULES
 
     @property
     def expert_load(self) -> float:
