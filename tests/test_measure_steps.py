@@ -200,7 +200,8 @@ def test_grid_is_large_valid_and_parses():
     assert len(grid) >= 110
     assert sum(p.world_size > 1 for p in plans) >= 50
     assert {p.kind for p in plans} >= {"single", "dp", "tp", "pp", "zero", "fsdp", "tp+dp", "pp+dp"}
-    assert {p.strategy["pipeline_schedule"] for p in plans if p.pp > 1} == {"gpipe", "1f1b", "zb-h1", "zb-v"}
+    assert {p.strategy["pipeline_schedule"] for p in plans if p.pp > 1} == {"gpipe", "1f1b", "interleaved", "zb-h1",
+                                                                              "zb-v", "interleaved-zb"}
     zb_v = [p for p in plans if p.strategy["pipeline_schedule"] == "zb-v"]
     assert sorted(p.pp for p in zb_v) == [2] * 5 + [4] * 2
     assert all(p.strategy["virtual_pipeline_stages"] == 2 and p.model["num_layers"] >= 2 * p.pp for p in zb_v)
@@ -272,8 +273,18 @@ ZBV_NOT_YET_MEASURED = [
                              ("bert-small", 2, 4), ("gpt-large", 4, 8), ("llama-large", 4, 8))]
 
 
+#: The step grid's interleaved configurations (added with the harness's interleaved schedules), not measured yet.
+INTERLEAVED_NOT_YET_MEASURED = [
+    {"step": f"{name} world={pp} global_batch_size={gbs} pipeline_schedule={sched} pp={pp} "
+             f"virtual_pipeline_stages={v}"}
+    for name, pp, v, gbs in (("gpt-small", 2, 2, 4), ("llama-small", 2, 2, 4), ("gpt-medium", 2, 3, 4),
+                             ("llama-large", 4, 2, 8))
+    for sched in ("interleaved", "interleaved-zb")]
+
+
 def _unmeasured_grid_config(config) -> bool:
-    return config.model.get("name") == "moe-small" or config.strategy.get("pipeline_schedule") == "zb-v"
+    return config.model.get("name") == "moe-small" or config.strategy.get("pipeline_schedule") in (
+        "zb-v", "interleaved", "interleaved-zb")
 
 
 def test_committed_cpu_steps_cover_the_grid(tmp_path, monkeypatch):
@@ -290,9 +301,10 @@ def test_committed_cpu_steps_cover_the_grid(tmp_path, monkeypatch):
     # every grid configuration has a record whose run is exactly what measure_step would now write, but the MoE
     # ones: added to the grid on 2026-11-22, on a VM whose CPU model differs from the data set's, where
     # add_missing_steps refuses to measure them (experiments/moe_capacity.py times them there instead); and the
-    # ZB-V ones, added to the grid with the harness's ZB-V schedule and not measured yet
+    # ZB-V and interleaved ones, added to the grid with the harness's schedules of theirs and not measured yet
     missing = collect.add_missing_steps(data, dry_run=True)
-    assert sorted(missing, key=str) == sorted(MOE_NOT_YET_MEASURED + ZBV_NOT_YET_MEASURED, key=str)
+    not_yet = MOE_NOT_YET_MEASURED + ZBV_NOT_YET_MEASURED + INTERLEAVED_NOT_YET_MEASURED
+    assert sorted(missing, key=str) == sorted(not_yet, key=str)
     grid = steps_module.step_grid
     monkeypatch.setattr(steps_module, "step_grid", lambda quick=False, device="cpu": [
         c for c in grid(quick, device) if not _unmeasured_grid_config(c)])

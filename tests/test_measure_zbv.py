@@ -91,14 +91,14 @@ def test_zb_v_order_is_the_simulators_with_every_unit_once():
     for p in (2, 4):
         for m in (2, 4, 8):
             for rank in range(p):
-                order = chunked_schedule("zb-v", rank, p, m)
+                order = chunked_schedule("zb-v", rank, p, 2, m)
                 assert order == schedule_zb_v(p, m, rank)
                 units = [(op, c, i) for op in "FBW" for c in (0, 1) for i in range(m)]
                 assert sorted(order) == sorted(units)
                 pos = {u: k for k, u in enumerate(order)}
                 assert all(pos[("F", c, i)] < pos[("B", c, i)] < pos[("W", c, i)] for c in (0, 1) for i in range(m))
     # the single-chunk orders are as they were; ZB-V's units need their chunk
-    assert schedule("zb-h1", 0, 2, 3) == [(op, i) for op, _c, i in chunked_schedule("zb-h1", 0, 2, 3)]
+    assert schedule("zb-h1", 0, 2, 3) == [(op, i) for op, _c, i in chunked_schedule("zb-h1", 0, 2, 1, 3)]
     with pytest.raises(InputError, match=r"^strategy\.pipeline_schedule: 'zb-v' runs two model chunks"):
         schedule("zb-v", 0, 2, 4)
 

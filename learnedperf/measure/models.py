@@ -19,8 +19,9 @@ parallelism; the first stage also holds the embeddings, the last the final norm,
 the head and the loss) whose weight matrices are split over ``tp`` ranks the way
 Megatron-LM splits them (column-parallel QKV and first MLP matrix, row-parallel
 output projection and second MLP matrix, vocabulary-parallel embedding, head and
-cross entropy). With ``tp = pp = 1`` it is the plain model. Under ZB-V a rank holds two such
-parts, virtual stages ``r`` and ``2p-1-r`` of ``2p`` (:func:`build_v_chunks`).
+cross entropy). With ``tp = pp = 1`` it is the plain model. Under ZB-V and the interleaved schedules a rank
+holds several such parts, ``v`` of the ``p·v`` virtual stages (:func:`build_chunks`): ``r`` and ``2p-1-r`` in
+ZB-V's V, ``r, r+p, ...`` interleaved.
 
 Weights are initialised from the *global* parameter name and a seed, full size,
 and then sliced (:func:`init_parameters`), so that any split of the same model
@@ -811,28 +812,46 @@ def build_model(model: dict, ctx: ParallelContext = ParallelContext(), recompute
     return net
 
 
-def build_v_chunks(model: dict, ctx: ParallelContext, recompute: str = "none", seed: int = 0) -> nn.ModuleList:
-    """This pipeline rank's two model chunks of a V-shaped schedule (ZB-V), chunk order.
+def build_chunks(model: dict, ctx: ParallelContext, vstages: list[int], recompute: str = "none", seed: int = 0,
+                 moe_capacity_factor: Optional[float] = None) -> nn.ModuleList:
+    """This pipeline rank's model chunks when it holds several virtual stages (ZB-V, interleaving), chunk order.
 
-    The model is cut into ``2p`` virtual stages (``p = ctx.num_stages``) as a ``2p``-stage pipeline would cut it
-    (:func:`partition_layers`); rank ``r = ctx.stage`` holds virtual stage ``r`` (chunk 0) and ``2p-1-r``
-    (chunk 1), so rank 0 holds both the embedding and the head. Each chunk is a :class:`TransformerStage` of that
-    virtual stage, initialised from the global parameter names as :func:`build_model` does, so the chunks hold
-    exactly the one-process model's weights of their layers. Both chunks use ``ctx``'s tensor-parallel slice and
-    its one :class:`WeightGradStore`. A tied head on rank 0 *is* the embedding (one table, its gradient the sum
-    of the head's and the embedding's), where a head on another rank than the embedding would be a copy.
-    The returned list's ``parameters()`` holds each parameter once.
+    The model is cut into ``p·v`` virtual stages (``p = ctx.num_stages`` ranks of ``v = len(vstages)`` chunks each)
+    as a ``p·v``-stage pipeline would cut it (:func:`partition_layers`); chunk ``c`` is virtual stage
+    ``vstages[c]``, as :func:`learnedperf.graph.execution.rank_vstages` places them (Megatron's interleaving:
+    ``r, r+p, ...`` on rank ``r``; ZB-V's V: ``r`` and ``2p-1-r``). Each chunk is a :class:`TransformerStage` of
+    its virtual stage, initialised from the global parameter names as :func:`build_model` does, so the chunks hold
+    exactly the one-process model's weights of their layers. Every chunk uses ``ctx``'s tensor-parallel slice and
+    its one :class:`WeightGradStore`.
+
+    A tied head on the rank that holds the embedding (ZB-V's rank 0) *is* the embedding: one table, its gradient
+    the sum of the head's and the embedding's. On another rank (interleaving: the embedding in chunk 0 of rank 0,
+    the head in chunk ``v-1`` of rank ``p-1``) the head is a copy, kept equal as a 1F1B pipeline's last stage
+    keeps it (:meth:`TransformerStage.tied_parameter`). The returned list's ``parameters()`` holds each parameter
+    once.
     """
-    p, r = ctx.num_stages, ctx.stage
+    num_vstages = ctx.num_stages * len(vstages)
     chunks = nn.ModuleList()
-    for vstage in (r, 2 * p - 1 - r):
-        chunk = TransformerStage(model, replace(ctx, stage=vstage, num_stages=2 * p), recompute)
+    for vstage in vstages:
+        chunk = TransformerStage(model, replace(ctx, stage=vstage, num_stages=num_vstages), recompute,
+                                 moe_capacity_factor)
         init_parameters(chunk, seed)
         chunks.append(chunk)
-    if chunks[0].spec.tie_embeddings and r == 0:
+    first = next((c for c in chunks if c.ctx.is_first_stage), None)
+    last = next((c for c in chunks if c.ctx.is_last_stage), None)
+    if first is not None and last is not None and first is not last and first.spec.tie_embeddings:
         # the head copy was initialised like the embedding; sharing the Parameter keeps them one table
-        chunks[1].head = chunks[0].embed
+        last.head = first.embed
     return chunks
+
+
+def build_v_chunks(model: dict, ctx: ParallelContext, recompute: str = "none", seed: int = 0) -> nn.ModuleList:
+    """This pipeline rank's two model chunks of a V-shaped schedule (ZB-V): :func:`build_chunks` of virtual stages
+    ``r = ctx.stage`` (chunk 0) and ``2p-1-r`` (chunk 1) of ``2p``, so that rank 0 holds the embedding and the
+    head (one table when tied)."""
+    from ..graph.execution import rank_vstages
+
+    return build_chunks(model, ctx, rank_vstages(ctx.stage, ctx.num_stages, 2, True), recompute, seed)
 
 
 def make_batch(model: dict, micro_batch_size: int, seed: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:

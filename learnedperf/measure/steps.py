@@ -18,10 +18,14 @@ one process per rank started by :func:`torch.multiprocessing.start_processes`
   over the data-parallel group;
 * ``pp`` — pipeline stages exchanging activations and gradients with
   ``torch.distributed`` send/recv, GPipe (all forwards, then all backwards),
-  1F1B (Narayanan et al. 2021, non-interleaved), ZB-H1 (1F1B whose backward
-  leaves the weight gradients to later ``W`` passes) or ZB-V (two model chunks per
-  rank in a V, ``virtual_pipeline_stages`` 2, PyTorch's ``ScheduleZBVZeroBubble``
-  order); ``global_batch_size / (dp·micro_batch_size)`` micro-batches; tied
+  1F1B (Narayanan et al. 2021, non-interleaved), interleaved 1F1B (Megatron's:
+  ``virtual_pipeline_stages`` ``v >= 2`` model chunks per rank, rank ``r`` holding
+  virtual stages ``r, r+p, ...``), ZB-H1 (1F1B whose backward leaves the weight
+  gradients to later ``W`` passes), ZB-V (two model chunks per rank in a V,
+  ``virtual_pipeline_stages`` 2, PyTorch's ``ScheduleZBVZeroBubble`` order) or
+  interleaved zero bubble (``interleaved-zb``: interleaving's chunks, PyTorch's
+  ``ScheduleInterleavedZeroBubble`` order); ``global_batch_size / (dp·micro_batch_size)``
+  micro-batches (a multiple of ``pp`` for the interleaved schedules); tied
   embeddings kept equal by an all-reduce between first and last stage (under ZB-V
   rank 0 holds both, as one table); with ``dp`` gradients are all-reduced in
   ``grad_bucket_size_MiB`` buckets after the pipeline flush;
@@ -41,7 +45,7 @@ one process per rank started by :func:`torch.multiprocessing.start_processes`
 
 Mixture-of-experts models (``arch`` ``moe``, :class:`learnedperf.measure.models.MoEFeedForward`) run with
 every expert on every rank (``tp = 1``, ``ep = 1``), dropless or padded to the expert capacity of the strategy's
-``moe_capacity_factor``, under any of the data-parallel and pipeline strategies above except ZB-H1 and ZB-V.
+``moe_capacity_factor``, under any of the data-parallel and pipeline strategies above but the zero-bubble ones.
 
 On a GPU (``StepConfig.device = "cuda"``) a step runs in one process on ``cuda:0``: weights and
 micro-batches are moved there before timing, bf16 runs under CUDA's autocast, the timer waits for
@@ -71,7 +75,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from ..errors import InputError, LearnedPerfError, SpecError
-from ..specs.strategy import V_SHAPE_SCHEDULES, ZERO_BUBBLE_SCHEDULES
+from ..specs.strategy import INTERLEAVED_SCHEDULES, V_SHAPE_SCHEDULES, ZERO_BUBBLE_SCHEDULES
 from .quiet import Window, foreign_share
 from .records import STEP_COLUMNS, canonical_json, host_name, now_utc, run_id
 
@@ -97,14 +101,15 @@ STRATEGY_DEFAULTS: dict[str, Any] = {
     # a MoE model's expert capacity (None: dropless); ep is accepted at the run format's 1 only, so that a
     # config asking for expert parallelism is refused by name rather than as an unknown key
     "moe_capacity_factor": None, "ep": 1,
-    # model chunks per pipeline rank: 2 for ZB-V's V, 1 for every other schedule (interleaving is not measured)
+    # model chunks per pipeline rank: 2 for ZB-V's V, >= 2 for the interleaved schedules, 1 for the others
     "virtual_pipeline_stages": 1,
 }
 
-#: Pipeline schedules a measured step runs (:func:`chunked_schedule`): the run format's but interleaving. Of
-#: them, the run format's ZERO_BUBBLE_SCHEDULES leave the weight gradients to ``W`` passes
-#: (``measure.models.WeightGradStore``) and its V_SHAPE_SCHEDULES hold two model chunks per rank in a V.
-PIPELINE_SCHEDULES = ("gpipe", "1f1b", "zb-h1", "zb-v")
+#: Pipeline schedules a measured step runs (:func:`chunked_schedule`): every one of the run format's. Of them, the
+#: run format's ZERO_BUBBLE_SCHEDULES leave the weight gradients to ``W`` passes (``measure.models.WeightGradStore``),
+#: its V_SHAPE_SCHEDULES hold two model chunks per rank in a V and its INTERLEAVED_SCHEDULES ``v >= 2`` chunks per
+#: rank in Megatron's placement.
+PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "interleaved-zb")
 
 
 # --------------------------------------------------------------------------- model dicts
@@ -163,8 +168,9 @@ class StepConfig:
         world_size: processes (ranks).
         strategy: run-format strategy keys (see :data:`STRATEGY_DEFAULTS`): ``tp``,
             ``pp``, ``dp``, ``micro_batch_size``, ``global_batch_size``,
-            ``pipeline_schedule`` ('gpipe' | '1f1b' | 'zb-h1' | 'zb-v'), ``virtual_pipeline_stages``
-            (model chunks per pipeline rank: 2 for 'zb-v', 1 otherwise), ``zero_stage`` (0-3), ``fsdp``,
+            ``pipeline_schedule`` ('gpipe' | '1f1b' | 'interleaved' | 'zb-h1' | 'zb-v' | 'interleaved-zb'),
+            ``virtual_pipeline_stages`` (model chunks per pipeline rank: 2 for 'zb-v', >= 2 for 'interleaved' and
+            'interleaved-zb', 1 otherwise), ``zero_stage`` (0-3), ``fsdp``,
             ``grad_bucket_size_MiB``, ``precision`` ('fp32' | 'bf16'), ``recompute``
             ('none' | 'full'), ``optimizer`` ('adam' | 'sgd'), ``dp_replicate`` (HSDP replicas of
             the FSDP2 states, dividing ``dp``; 1 = sharded over all of ``dp``),
@@ -326,18 +332,21 @@ def plan_step(config: StepConfig) -> StepPlan:
     sched = s["pipeline_schedule"]
     if sched not in PIPELINE_SCHEDULES:
         raise bad("strategy.pipeline_schedule", f"expected one of {list(PIPELINE_SCHEDULES)}, got {sched!r}")
-    if sched in ZERO_BUBBLE_SCHEDULES and pp < 2:
+    if (sched in ZERO_BUBBLE_SCHEDULES or sched in INTERLEAVED_SCHEDULES) and pp < 2:
         raise bad("strategy.pipeline_schedule", f"{sched!r} needs pp >= 2")
     if sched in ZERO_BUBBLE_SCHEDULES and s["precision"] != "fp32":
         # the deferred weight-gradient GEMMs (measure.models.WeightGradStore) are written without autocast
         raise bad("strategy.pipeline_schedule", f"{sched!r} is measured in fp32, not {s['precision']!r}")
     chunks = s["virtual_pipeline_stages"]
-    want = 2 if sched in V_SHAPE_SCHEDULES else 1
-    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks != want:
-        # the run format's rule for 'zb-v'; the interleaved schedule, the only other one with chunks, is not built
-        what = "places two model chunks on each rank in a V" if want == 2 else "runs one model chunk per rank"
-        raise bad("strategy.virtual_pipeline_stages",
-                  f"pipeline_schedule {sched!r} {what}: expected {want}, got {chunks!r}")
+    problem = _chunk_count_problem(sched, chunks)
+    if problem:
+        raise bad("strategy.virtual_pipeline_stages", problem)
+    m = gbs // (mbs * dp)
+    if sched in INTERLEAVED_SCHEDULES and m % pp:
+        # the run format's rule (Megatron's): interleaving runs each chunk's micro-batches in groups of pp
+        raise bad("strategy.global_batch_size",
+                  f"pipeline_schedule {sched!r} needs the number of micro-batches, global_batch_size / "
+                  f"(micro_batch_size·dp) = {gbs} / ({mbs}·{dp}) = {m}, to be a multiple of pp={pp}")
     if s["zero_stage"] not in (0, 1, 2, 3) or isinstance(s["zero_stage"], bool):
         raise bad("strategy.zero_stage", f"expected 0, 1, 2 or 3, got {s['zero_stage']!r}")
     if not isinstance(s["fsdp"], bool):
@@ -397,7 +406,8 @@ def plan_step(config: StepConfig) -> StepPlan:
             raise bad("model.head_dim" if "head_dim" in model else "model.hidden_size",
                       f"rotary embeddings need an even head_dim, got {head_dim}")
         if model["num_layers"] < pp * chunks:
-            # every virtual stage (pp of them, 2·pp in ZB-V's V) holds at least one layer
+            # every virtual stage (pp of them, pp·virtual_pipeline_stages with several chunks) holds at least one
+            # layer
             raise bad("strategy.pp", f"pp={pp} exceeds num_layers={model['num_layers']}" if chunks == 1 else
                       f"pp·virtual_pipeline_stages = {pp}·{chunks} = {pp * chunks} exceeds "
                       f"num_layers={model['num_layers']}")
@@ -438,7 +448,7 @@ def plan_step(config: StepConfig) -> StepPlan:
     else:
         kind = "+".join(k for k, n in (("tp", tp), ("pp", pp), ("dp", dp)) if n > 1)
     return StepPlan(model=model, strategy=s, world_size=world, tp=tp, pp=pp, dp=dp,
-                    num_microbatches=gbs // (mbs * dp), kind=kind, warmup=config.warmup, repeats=config.repeats,
+                    num_microbatches=m, kind=kind, warmup=config.warmup, repeats=config.repeats,
                     threads=config.threads, seed=config.seed, profile=bool(config.profile),
                     timeout_s=float(config.timeout_s), learning_rate=float(config.learning_rate), label=label,
                     device=config.device)
@@ -448,7 +458,8 @@ def run_dict(config: StepConfig, hardware: dict) -> dict:
     """The run-format dict of a config on ``hardware`` (``num_devices`` set to the world size).
 
     The strategy states everything that shaped the step: parallel sizes, batch,
-    pipeline schedule (with ZB-V's ``virtual_pipeline_stages`` 2; left out at 1),
+    pipeline schedule (with its ``virtual_pipeline_stages``, model chunks per rank: ZB-V's 2, the
+    interleaved schedules' ``v``; left out at 1),
     precision, fused attention (SDPA), recomputation, ZeRO / FSDP, the gradient
     bucket, whether gradient reduction overlapped backward and a MoE model's expert
     capacity factor (left out when dropless).
@@ -504,19 +515,43 @@ def global_rank(tp_rank: int, dp_rank: int, pp_rank: int, tp: int, dp: int) -> i
     return tp_rank + tp * (dp_rank + dp * pp_rank)
 
 
-def chunked_schedule(kind: str, stage: int, num_stages: int, num_microbatches: int) -> list[tuple[str, int, int]]:
+def _chunk_count_problem(kind: str, num_chunks: Any) -> Optional[str]:
+    """Why ``num_chunks`` model chunks per rank (``virtual_pipeline_stages``) do not fit schedule ``kind``, or None:
+    the run format's rule, 2 in ZB-V's V, at least 2 for the interleaved schedules, 1 for the others."""
+    if kind in INTERLEAVED_SCHEDULES:
+        if isinstance(num_chunks, bool) or not isinstance(num_chunks, int) or num_chunks < 2:
+            return (f"pipeline_schedule {kind!r} places v >= 2 model chunks on each rank (virtual stages r, r+p, ...): "
+                    f"expected an integer >= 2, got {num_chunks!r}")
+        return None
+    want = 2 if kind in V_SHAPE_SCHEDULES else 1
+    if isinstance(num_chunks, bool) or not isinstance(num_chunks, int) or num_chunks != want:
+        what = "places two model chunks on each rank in a V" if want == 2 else "runs one model chunk per rank"
+        return f"pipeline_schedule {kind!r} {what}: expected {want}, got {num_chunks!r}"
+    return None
+
+
+def chunked_schedule(kind: str, stage: int, num_stages: int, num_chunks: int,
+                     num_microbatches: int) -> list[tuple[str, int, int]]:
     """The order in which one pipeline rank runs its units, as ``(op, chunk, micro-batch)``: the simulator's
-    (:mod:`learnedperf.graph.execution`), so that what is measured is what is simulated.
+    (:func:`learnedperf.graph.execution.pipeline_order`), so that what is measured is what is simulated.
 
     ``op`` is 'F' (forward), 'B' (backward; under a zero-bubble schedule the input gradients only) or 'W'
-    (the weight gradients a zero-bubble 'B' left). ``chunk`` is 0 but under ZB-V, whose rank ``stage`` holds
-    chunk 0 (virtual stage ``stage``) and chunk 1 (virtual stage ``2·num_stages - 1 - stage``).
+    (the weight gradients a zero-bubble 'B' left). ``chunk`` indexes the ``num_chunks`` model chunks of rank
+    ``stage`` (``virtual_pipeline_stages``: 1 but under ZB-V and the interleaved schedules): under ZB-V chunk 0 is
+    virtual stage ``stage`` and chunk 1 virtual stage ``2·num_stages - 1 - stage``; interleaved, chunk ``c`` is
+    virtual stage ``c·num_stages + stage`` (:func:`learnedperf.graph.execution.rank_vstages`).
+
+    Raises:
+        InputError: an unknown schedule, or a number of chunks it does not run.
     """
     from ..graph.execution import pipeline_order
 
     if kind not in PIPELINE_SCHEDULES:
         raise InputError(f"strategy.pipeline_schedule: unknown schedule {kind!r}")
-    return pipeline_order(kind, num_stages, 2 if kind in V_SHAPE_SCHEDULES else 1, num_microbatches, stage)
+    problem = _chunk_count_problem(kind, num_chunks)
+    if problem:
+        raise InputError(f"strategy.virtual_pipeline_stages: {problem}")
+    return pipeline_order(kind, num_stages, num_chunks, num_microbatches, stage)
 
 
 def schedule(kind: str, stage: int, num_stages: int, num_microbatches: int) -> list[tuple[str, int]]:
@@ -529,12 +564,14 @@ def schedule(kind: str, stage: int, num_stages: int, num_microbatches: int) -> l
     ZB-H1: 1F1B whose backwards ('B') leave their weight gradients to 'W' passes.
 
     Raises:
-        InputError: for ZB-V, whose units need their chunk (use :func:`chunked_schedule`).
+        InputError: for ZB-V and the interleaved schedules, whose units need their chunk (use
+            :func:`chunked_schedule`).
     """
-    if kind in V_SHAPE_SCHEDULES:
-        raise InputError(f"strategy.pipeline_schedule: {kind!r} runs two model chunks per rank; its order is "
+    if kind in V_SHAPE_SCHEDULES or kind in INTERLEAVED_SCHEDULES:
+        many = "two" if kind in V_SHAPE_SCHEDULES else "several"
+        raise InputError(f"strategy.pipeline_schedule: {kind!r} runs {many} model chunks per rank; its order is "
                          "chunked_schedule's")
-    return [(op, i) for op, _chunk, i in chunked_schedule(kind, stage, num_stages, num_microbatches)]
+    return [(op, i) for op, _chunk, i in chunked_schedule(kind, stage, num_stages, 1, num_microbatches)]
 
 
 # --------------------------------------------------------------------------- one rank
@@ -623,8 +660,8 @@ def _build_step(plan: StepPlan, rank: int) -> tuple[Callable[[], Any], int]:
     number of parameter elements this rank holds (its shard under FSDP2).
 
     ``step()`` returns the iteration's mean loss (a detached tensor) on ranks that
-    compute the loss (the last pipeline stage; under ZB-V the first, which holds the
-    last virtual stage), None elsewhere.
+    compute the loss (the last pipeline stage, which holds the last virtual stage when
+    interleaved; under ZB-V the first, which holds it in its V), None elsewhere.
     """
     import contextlib
 
@@ -639,9 +676,13 @@ def _build_step(plan: StepPlan, rank: int) -> tuple[Callable[[], Any], int]:
     zero_bubble = s["pipeline_schedule"] in ZERO_BUBBLE_SCHEDULES
     ctx = M.ParallelContext(tp_size=plan.tp, tp_rank=tp_rank, tp_group=groups["tp"], stage=pp_rank,
                             num_stages=plan.pp, weight_grads=M.WeightGradStore() if zero_bubble else None)
-    if s["pipeline_schedule"] in V_SHAPE_SCHEDULES:
-        # both chunks of this rank in one ModuleList (its parameters() lists a tied table once)
-        net = M.build_v_chunks(plan.model, ctx, s["recompute"], plan.seed)
+    num_chunks = s["virtual_pipeline_stages"]
+    if num_chunks > 1:
+        from ..graph.execution import rank_vstages
+
+        # every chunk of this rank in one ModuleList (its parameters() lists a table two chunks share once)
+        vstages = rank_vstages(pp_rank, plan.pp, num_chunks, s["pipeline_schedule"] in V_SHAPE_SCHEDULES)
+        net = M.build_chunks(plan.model, ctx, vstages, s["recompute"], plan.seed, s["moe_capacity_factor"])
         chunks = list(net)
     else:
         net = M.build_model(plan.model, ctx, s["recompute"], plan.seed, s["moe_capacity_factor"])
@@ -733,10 +774,11 @@ def _local_numel(net) -> int:
 
 
 def _pipeline_step(plan: StepPlan, chunks: list, optimizer, batches, groups, coords, autocast) -> Callable[[], Any]:
-    """One pipeline rank's iteration under the GPipe, 1F1B, ZB-H1 or ZB-V schedule, with blocking receives.
+    """One pipeline rank's iteration under any of :data:`PIPELINE_SCHEDULES`, with blocking receives.
 
-    ``chunks`` are the rank's model chunks in chunk order: one stage, or under ZB-V the virtual stages ``r``
-    and ``2p-1-r`` of ``2p`` (:func:`learnedperf.graph.execution.stage_of`). A chunk's input comes from the
+    ``chunks`` are the rank's model chunks in chunk order: one stage, under ZB-V the virtual stages ``r``
+    and ``2p-1-r`` of ``2p``, interleaved the virtual stages ``r, r+p, ...`` of ``p·v``
+    (:func:`learnedperf.graph.execution.rank_vstages`). A chunk's input comes from the
     batch (virtual stage 0), from the rank holding the previous virtual stage, or, when this rank holds that
     one too (ZB-V's rank ``p-1``), from its own other chunk without communication; gradients go back the same
     way. Under a zero-bubble schedule a backward ('B') leaves its linear layers' weight gradients in the
@@ -747,7 +789,7 @@ def _pipeline_step(plan: StepPlan, chunks: list, optimizer, batches, groups, coo
     gloo's send is a rendezvous (it waits for the matching receive), so a
     blocking send would deadlock 1F1B, where both neighbours send at once.
     A message's tag names what it carries, ``(2·chunk + backward)·m + micro-batch`` of the sending chunk
-    (ZB-V: F chunk 0 ``i``, B chunk 0 ``m+i``, F chunk 1 ``2m+i``, B chunk 1 ``3m+i``), so that two messages
+    (F chunk 0 ``i``, B chunk 0 ``m+i``, F chunk 1 ``2m+i``, B chunk 1 ``3m+i``, ...), so that two messages
     between the same ranks never match each other's receive.
     """
     import torch
@@ -763,12 +805,13 @@ def _pipeline_step(plan: StepPlan, chunks: list, optimizer, batches, groups, coo
     vstages = rank_vstages(pp_rank, pp, len(chunks), v_shape)
     act_dtype = torch.bfloat16 if s["precision"] == "bf16" else torch.float32
     shape = (s["micro_batch_size"], plan.model["seq_length"], plan.model["hidden_size"])
-    order = chunked_schedule(s["pipeline_schedule"], pp_rank, pp, m)
-    # one list of the chunks' parameters, a table both chunks hold (ZB-V's tied embedding) once
+    order = chunked_schedule(s["pipeline_schedule"], pp_rank, pp, len(chunks), m)
+    # one list of the chunks' parameters, a table two chunks hold (ZB-V's tied embedding) once
     params = list({id(p): p for c in chunks for p in c.parameters() if p.requires_grad}.values())
-    # a tied head on another rank than the embedding is a copy whose gradient is summed with the embedding's;
-    # ZB-V's chunks share the one table (measure.models.build_v_chunks)
-    tied = chunks[0].tied_parameter() if len(chunks) == 1 else None
+    # a tied head on another rank than the embedding (the last stage; interleaved, chunk v-1 of rank p-1, the
+    # embedding being in chunk 0 of rank 0) is a copy whose gradient is summed with the embedding's over the
+    # "embed" group; ZB-V's rank 0 holds both as one table (measure.models.build_chunks) and has no such group
+    tied = next((t for c in chunks if (t := c.tied_parameter()) is not None), None)
     store = chunks[0].ctx.weight_grads
 
     def peer(vstage: int) -> tuple[Optional[int], int]:
@@ -1258,15 +1301,17 @@ def gpu_step_grid(quick: bool = False) -> list[StepConfig]:
 def step_grid(quick: bool = False, device: str = "cpu") -> list[StepConfig]:
     """The configurations measured for the project's data set (``device="cuda"``: :func:`gpu_step_grid`).
 
-    ``quick=False``: 158 configs (102 on several processes) — single-process (fp32, bf16, full recompute,
+    ``quick=False``: 166 configs (110 on several processes) — single-process (fp32, bf16, full recompute,
     larger micro-batches, gradient accumulation, 2 threads; the MoE model dropless and with expert capacity
     factors 1 and 2), DDP with several bucket sizes (and of the dropless MoE model), tensor, pipeline (GPipe,
-    1F1B, ZB-H1 and ZB-V), ZeRO-1/2 and FSDP on 2 processes, and
+    1F1B, interleaved, ZB-H1, ZB-V and interleaved zero bubble), ZeRO-1/2 and FSDP on 2 processes, and
     dp / tp / pp / tp+dp / pp+dp / tp+pp / FSDP on 4 processes (which oversubscribe
     a 2-core machine; ``threads`` records 1 per process), among them 4 hybrid-sharded
     (HSDP, ``dp_replicate`` 2: FULL_SHARD and ZeRO-2, one with gradient accumulation). ZB-V: 5 configs on
     2 processes (the models ZB-H1 runs there) and 2 on 4 (GPT- and Llama-large, whose 8 layers fill its 8
-    virtual stages).
+    virtual stages). Interleaved 1F1B and its interleaved-zero-bubble twin, fp32, one layer per virtual stage:
+    GPT- and Llama-small at pp 2, v 2 and GPT-medium at pp 2, v 3 (4 micro-batches), Llama-large at pp 4, v 2
+    (8 micro-batches).
     ``quick=True``: four small configs, one of them on 2 processes, for a smoke test.
     """
     if device == "cuda":
@@ -1319,9 +1364,19 @@ def step_grid(quick: bool = False, device: str = "cpu") -> list[StepConfig]:
             out.append(cfg(f"{fam}-{size}", 2, pp=2, global_batch_size=4, pipeline_schedule="zb-v",
                            virtual_pipeline_stages=2))
         out.append(cfg(f"{fam}-tiny", 2, pp=2, global_batch_size=8, pipeline_schedule="1f1b"))
+        if fam != "bert":
+            # interleaving's 2·2 virtual stages, one layer each, and its zero-bubble twin (4 micro-batches: a
+            # multiple of pp)
+            for sched in INTERLEAVED_SCHEDULES:
+                out.append(cfg(f"{fam}-small", 2, pp=2, global_batch_size=4, pipeline_schedule=sched,
+                               virtual_pipeline_stages=2))
         out.append(cfg(f"{fam}-small", 2, zero_stage=1, grad_bucket_size_MiB=25.0))
         out.append(cfg(f"{fam}-small", 2, zero_stage=2, fsdp=True))
         out.append(cfg(f"{fam}-small", 2, fsdp=True))
+    for sched in INTERLEAVED_SCHEDULES:
+        # three chunks per rank: GPT-medium's 6 layers over 2·3 virtual stages
+        out.append(cfg("gpt-medium", 2, pp=2, global_batch_size=4, pipeline_schedule=sched,
+                       virtual_pipeline_stages=3))
     out.append(cfg("gpt-medium", 2, zero_stage=1))
     out.append(cfg("gpt-medium", 2, fsdp=True))
     out.append(cfg("llama-small", 2, fsdp=True, precision="bf16", recompute="full"))
@@ -1346,6 +1401,10 @@ def step_grid(quick: bool = False, device: str = "cpu") -> list[StepConfig]:
         out.append(cfg(f"{fam}-small", 4, pp=2, global_batch_size=8,
                        pipeline_schedule="1f1b" if fam == "gpt" else "gpipe"))
     out.append(cfg("gpt-small", 4, pp=4, global_batch_size=4, pipeline_schedule="gpipe"))
+    for sched in INTERLEAVED_SCHEDULES:
+        # Llama-large's 8 layers over 4·2 virtual stages, 8 micro-batches (two groups of pp per chunk)
+        out.append(cfg("llama-large", 4, pp=4, global_batch_size=8, pipeline_schedule=sched,
+                       virtual_pipeline_stages=2))
     out.append(cfg("gpt-small", 4, tp=2, pp=2, global_batch_size=4))
     out.append(cfg("llama-medium", 4, tp=2, pp=2, global_batch_size=4, pipeline_schedule="gpipe"))
     out.append(cfg("bert-small", 4, tp=4))
