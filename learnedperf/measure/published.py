@@ -743,10 +743,16 @@ def _zero_bubble(raw: str, text: str, assumed: list) -> dict:
         raise _Skip(f"{head}; {why}")
     found = _ZB_DEPTH.search(text)
     if kind == "interleaved zero bubble":
-        depth = int(found.group(1) or found.group(2)) if found else 0
-        if depth < 2:
+        if not found:
             raise _Skip(f"vpp_or_schedule {raw!r}: an interleaved zero-bubble schedule runs two or more model "
                         "chunks per rank, and the row does not state how many (say 'vpp=N' or 'N chunks')")
+        depth = int(found.group(1) or found.group(2))
+        if depth < 2:
+            raise _Skip(f"vpp_or_schedule {raw!r}: an interleaved zero-bubble schedule runs two or more model "
+                        f"chunks per rank, but the row states {depth}")
+        if _ZB_1P.search(text):
+            assumed.append("interleaved-zb for an interleaved ZB-1p (the paper's automatic schedule; PyTorch's "
+                           "InterleavedZeroBubble is its fixed order)")
         return {"pipeline_schedule": "interleaved-zb", "virtual_pipeline_stages": depth}
     chunks = 2 if kind == "ZB-V" else 1
     depth = int(found.group(1) or found.group(2)) if found else chunks
