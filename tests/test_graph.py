@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import GPT_SMALL, LLAMA_GQA, make_run
-from learnedperf.graph.execution import (Group, _layers_per_vstage, chunk_layout, compile_run, group_placement,
+from learnedperf.graph.execution import (Group, chunk_layout, compile_run, group_placement, layers_per_vstage,
                                          schedule_1f1b, schedule_gpipe, schedule_interleaved)
 from learnedperf.graph.transformer import operator_graph
 from learnedperf.simulate.memory import in_flight_microbatches
@@ -226,9 +226,9 @@ def test_uneven_layers_spare_the_first_and_last_stage():
         eg = compile_run(run)
         assert [sum(c.num_layers for c in st.chunks) for st in eg.stages] == per_rank
     # layers that divide stay even; without interleaving the rule is the middle stages' (as before)
-    assert _layers_per_vstage(16, 4, 2) == [2] * 8
-    assert _layers_per_vstage(30, 4) == [7, 8, 8, 7]
-    assert _layers_per_vstage(18, 4, 2) == [2, 2, 3, 2, 2, 3, 2, 2]
+    assert layers_per_vstage(16, 4, 2) == [2] * 8
+    assert layers_per_vstage(30, 4) == [7, 8, 8, 7]
+    assert layers_per_vstage(18, 4, 2) == [2, 2, 3, 2, 2, 3, 2, 2]
 
 
 # ----------------------------------------------------------------------------- group placement

@@ -162,3 +162,26 @@ def test_the_grid_measures_each_interleaved_step_and_its_zero_bubble_twin():
             # fp32 (the zero-bubble W passes are), one layer per virtual stage, whole groups of pp micro-batches
             assert p.strategy["precision"] == "fp32" and p.num_microbatches % p.pp == 0
             assert p.model["num_layers"] == p.pp * p.strategy["virtual_pipeline_stages"]
+
+
+@pytest.mark.parametrize("schedule, v", [("1f1b", 1), ("interleaved", 2)])
+def test_layers_that_do_not_divide_are_cut_as_the_simulator_cuts_them(schedule, v):
+    # 6 layers on 4 ranks: the simulator gives the middle ranks the spare layers (1, 2, 2, 1; Llama 3 405B's
+    # layout), where an even cut from the first stage would give 2, 2, 1, 1; interleaved, 10 layers over 4·2
+    # virtual stages go 1, 1, 2, 1, 1, 2, 1, 1 (ranks of 2, 3, 3, 2), not 2, 2, 1, 1, 1, 1, 1, 1 (ranks of 3, 3, 2,
+    # 2); each rank holds exactly the simulator's layers
+    from learnedperf.graph.execution import layers_per_vstage, rank_vstages
+    from learnedperf.measure.models import ParallelContext, build_chunks, build_model, count_parameters
+    from learnedperf.measure.steps import _execute
+
+    pp, layers = 4, (6 if v == 1 else 10)
+    model = {**GPT8, "num_layers": layers}
+    counts = tuple(layers_per_vstage(layers, pp, v))
+    assert counts == ((1, 2, 2, 1) if v == 1 else (1, 1, 2, 1, 1, 2, 1, 1))
+    strategy = {**SGD, "pp": pp, "global_batch_size": 2 * pp, "pipeline_schedule": schedule,
+                "virtual_pipeline_stages": v}
+    ranks = _execute(plan_step(StepConfig(model, pp, strategy, learning_rate=LR)), 1)
+    for r, got in enumerate(ranks):
+        ctx = ParallelContext(stage=r, num_stages=pp, layer_counts=counts)
+        net = build_model(model, ctx) if v == 1 else build_chunks(model, ctx, rank_vstages(r, pp, v, False))
+        assert got["local_params"] == count_parameters(net), r

@@ -304,7 +304,7 @@ def _draw_strategy(rng: random.Random, spec_model: Any, device: dict, num_device
         sched = _weighted(rng, {"1f1b": 0.5, "gpipe": 0.2, "interleaved": 0.3})
         if sched == "interleaved":
             # every chunk needs a layer; layers that do not divide over pp·v are laid out as Llama 3 405B's
-            # (graph.execution._layers_per_vstage), but most published interleaved runs divide them evenly
+            # (graph.execution.layers_per_vstage), but most published interleaved runs divide them evenly
             vs = [x for x in (2, 3, 4) if m.num_layers >= pp * x]
             even = [x for x in vs if m.num_layers % (pp * x) == 0]
             if even and rng.random() < _EVEN_INTERLEAVING_SHARE:

@@ -345,7 +345,7 @@ def _spread(total: int, slots: list[int], centre: float) -> dict[int, int]:
     return counts
 
 
-def _layers_per_vstage(num_layers: int, pp: int, v: int = 1, v_shape: bool = False) -> list[int]:
+def layers_per_vstage(num_layers: int, pp: int, v: int = 1, v_shape: bool = False) -> list[int]:
     """Layers of each of the ``pp·v`` virtual stages, in virtual-stage order.
 
     Layers that do not divide go to the middle: first over the pipeline *ranks* (the first holds the
@@ -466,7 +466,7 @@ def chunk_layout(run: RunSpec) -> list[ChunkLayout]:
     """
     model, s = run.model, run.strategy
     tp, n_v = s.tp, s.pp * s.virtual_pipeline_stages
-    counts = _layers_per_vstage(model.num_layers, s.pp, s.virtual_pipeline_stages, s.v_shape)
+    counts = layers_per_vstage(model.num_layers, s.pp, s.virtual_pipeline_stages, s.v_shape)
     h, V = model.hidden_size, model.vocab_size
     # MLA's down projections are whole on every tensor-parallel rank; the rest of a layer is split tp ways
     kept = model.tp_replicated_layer_params

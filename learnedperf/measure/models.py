@@ -71,6 +71,9 @@ class ParallelContext:
         num_stages: pipeline stages (``pp``).
         weight_grads: where the linear layers leave their weight-gradient GEMMs for a zero-bubble
             schedule's ``W`` pass (:class:`WeightGradStore`); ``None``: computed in the backward.
+        layer_counts: layers of every (virtual) stage, in stage order (the step harness passes the
+            simulator's, :func:`learnedperf.graph.execution.layers_per_vstage`, so that what is measured is what
+            is simulated); ``None``: even, the earlier stages taking the remainder (:func:`partition_layers`).
     """
 
     tp_size: int = 1
@@ -79,6 +82,7 @@ class ParallelContext:
     stage: int = 0
     num_stages: int = 1
     weight_grads: Optional["WeightGradStore"] = None  # set: linear layers defer their weight gradients there
+    layer_counts: Optional[tuple[int, ...]] = None
 
     @property
     def is_first_stage(self) -> bool:
@@ -100,6 +104,23 @@ def partition_layers(num_layers: int, num_stages: int) -> list[range]:
         out.append(range(start, start + n))
         start += n
     return out
+
+
+def stage_layers(num_layers: int, ctx: ParallelContext) -> range:
+    """The global indices of the layers that stage ``ctx.stage`` of ``ctx.num_stages`` holds: from
+    ``ctx.layer_counts`` where given, else :func:`partition_layers`.
+
+    Raises:
+        ValueError: ``layer_counts`` that are not one count per stage summing to ``num_layers``.
+    """
+    counts = ctx.layer_counts
+    if counts is None:
+        return partition_layers(num_layers, ctx.num_stages)[ctx.stage]
+    if len(counts) != ctx.num_stages or sum(counts) != num_layers:
+        raise ValueError(f"layer_counts {list(counts)}: expected {ctx.num_stages} stages' layers summing to "
+                         f"{num_layers}")
+    start = sum(counts[:ctx.stage])
+    return range(start, start + counts[ctx.stage])
 
 
 class _CopyToTensorParallel(torch.autograd.Function):
@@ -578,7 +599,7 @@ class TransformerStage(nn.Module):
         self.spec = spec
         self.ctx = ctx
         self.recompute = recompute
-        layers = partition_layers(spec.num_layers, ctx.num_stages)[ctx.stage]
+        layers = stage_layers(spec.num_layers, ctx)
         self.layer_offset = layers.start
         h, v = spec.hidden_size, spec.vocab_size
         vocab_shard = (0, [v])
@@ -817,7 +838,7 @@ def build_chunks(model: dict, ctx: ParallelContext, vstages: list[int], recomput
     """This pipeline rank's model chunks when it holds several virtual stages (ZB-V, interleaving), chunk order.
 
     The model is cut into ``p·v`` virtual stages (``p = ctx.num_stages`` ranks of ``v = len(vstages)`` chunks each)
-    as a ``p·v``-stage pipeline would cut it (:func:`partition_layers`); chunk ``c`` is virtual stage
+    as a ``p·v``-stage pipeline would cut it (:func:`stage_layers`); chunk ``c`` is virtual stage
     ``vstages[c]``, as :func:`learnedperf.graph.execution.rank_vstages` places them (Megatron's interleaving:
     ``r, r+p, ...`` on rank ``r``; ZB-V's V: ``r`` and ``2p-1-r``). Each chunk is a :class:`TransformerStage` of
     its virtual stage, initialised from the global parameter names as :func:`build_model` does, so the chunks hold
