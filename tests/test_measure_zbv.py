@@ -60,13 +60,15 @@ def test_the_loss_is_rank_0s_and_a_tied_table_is_held_once():
 def test_v_chunks_hold_the_one_process_weights(model):
     import torch
 
-    from learnedperf.measure.models import ParallelContext, WeightGradStore, build_model, build_v_chunks
+    from learnedperf.graph.execution import rank_vstages
+    from learnedperf.measure.models import ParallelContext, WeightGradStore, build_chunks, build_model
 
     plain = dict(build_model(model, seed=3).named_parameters())
     seen = set()
     for rank in range(4):
         store = WeightGradStore()
-        chunks = build_v_chunks(model, ParallelContext(stage=rank, num_stages=4, weight_grads=store), seed=3)
+        chunks = build_chunks(model, ParallelContext(stage=rank, num_stages=4, weight_grads=store),
+                              rank_vstages(rank, 4, 2, True), seed=3)
         # virtual stages r and 2p-1-r of 8, one layer each, sharing the rank's one store
         assert [c.ctx.stage for c in chunks] == [rank, 7 - rank]
         assert [c.layer_offset for c in chunks] == [rank, 7 - rank]

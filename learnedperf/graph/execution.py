@@ -254,30 +254,16 @@ def schedule_interleaved_zb(p: int, v: int, m: int, stage: int) -> list[tuple[st
     """
     total = m * v
     warm = min((v - 1) * p + p - 1 - stage, total)
-    count: dict[tuple[str, int], int] = {}
-    order: list[tuple[str, int, int]] = []
-    backwards: list[int] = []  # the chunk of every B so far: the W follow in the same order
-
-    def unit(kind: str, chunk: int) -> None:
-        i = count.get((kind, chunk), 0)
-        count[(kind, chunk)] = i + 1
-        order.append((kind, chunk, i))
-
-    def backward(k: int) -> None:
-        unit("B", v - 1 - ((k - warm) // p) % v)
-        backwards.append(order[-1][1])
+    order: list[tuple[str, int, int]] = [("F", *_interleaved_unit(p, v, k, True)) for k in range(warm)]
+    backwards: list[tuple[int, int]] = []  # (chunk, micro-batch) of every B so far: the W follow in that order
+    for k in range(warm, total + warm):
+        if k < total:
+            order.append(("F", *_interleaved_unit(p, v, k, True)))
+        backwards.append(_interleaved_unit(p, v, k - warm, False))
+        order.append(("B", *backwards[-1]))
         if k - warm >= stage:  # this rank's first ``stage`` weight passes wait for the end
-            unit("W", backwards[k - warm - stage])
-
-    for k in range(warm):
-        unit("F", (k // p) % v)
-    for k in range(warm, total):
-        unit("F", (k // p) % v)
-        backward(k)
-    for k in range(total, total + warm):
-        backward(k)
-    for chunk in backwards[max(0, total - stage):]:
-        unit("W", chunk)
+            order.append(("W", *backwards[k - warm - stage]))
+    order += [("W", *unit) for unit in backwards[max(0, total - stage):]]
     return order
 
 

@@ -866,15 +866,6 @@ def build_chunks(model: dict, ctx: ParallelContext, vstages: list[int], recomput
     return chunks
 
 
-def build_v_chunks(model: dict, ctx: ParallelContext, recompute: str = "none", seed: int = 0) -> nn.ModuleList:
-    """This pipeline rank's two model chunks of a V-shaped schedule (ZB-V): :func:`build_chunks` of virtual stages
-    ``r = ctx.stage`` (chunk 0) and ``2p-1-r`` (chunk 1) of ``2p``, so that rank 0 holds the embedding and the
-    head (one table when tied)."""
-    from ..graph.execution import rank_vstages
-
-    return build_chunks(model, ctx, rank_vstages(ctx.stage, ctx.num_stages, 2, True), recompute, seed)
-
-
 def make_batch(model: dict, micro_batch_size: int, seed: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Random inputs and targets of one micro-batch, a function of (seed, index) only.
 

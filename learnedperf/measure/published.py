@@ -742,20 +742,18 @@ def _zero_bubble(raw: str, text: str, assumed: list) -> dict:
     if why is not None:
         raise _Skip(f"{head}; {why}")
     found = _ZB_DEPTH.search(text)
+    stated = int(found.group(1) or found.group(2)) if found else None
     if kind == "interleaved zero bubble":
-        if not found:
+        if stated is None or stated < 2:
             raise _Skip(f"vpp_or_schedule {raw!r}: an interleaved zero-bubble schedule runs two or more model "
-                        "chunks per rank, and the row does not state how many (say 'vpp=N' or 'N chunks')")
-        depth = int(found.group(1) or found.group(2))
-        if depth < 2:
-            raise _Skip(f"vpp_or_schedule {raw!r}: an interleaved zero-bubble schedule runs two or more model "
-                        f"chunks per rank, but the row states {depth}")
+                        "chunks per rank, " + ("and the row does not state how many (say 'vpp=N' or 'N chunks')"
+                                               if stated is None else f"but the row states {stated}"))
         if _ZB_1P.search(text):
             assumed.append("interleaved-zb for an interleaved ZB-1p (the paper's automatic schedule; PyTorch's "
                            "InterleavedZeroBubble is its fixed order)")
-        return {"pipeline_schedule": "interleaved-zb", "virtual_pipeline_stages": depth}
+        return {"pipeline_schedule": "interleaved-zb", "virtual_pipeline_stages": stated}
     chunks = 2 if kind == "ZB-V" else 1
-    depth = int(found.group(1) or found.group(2)) if found else chunks
+    depth = chunks if stated is None else stated
     if depth != chunks:
         placed = "two model chunks" if chunks == 2 else "one model chunk"
         raise _Skip(f"vpp_or_schedule {raw!r}: {kind} places {placed} on each rank, but the row states {depth} "

@@ -676,18 +676,16 @@ def _build_step(plan: StepPlan, rank: int) -> tuple[Callable[[], Any], int]:
     zero_bubble = s["pipeline_schedule"] in ZERO_BUBBLE_SCHEDULES
     num_chunks = s["virtual_pipeline_stages"]
     v_shape = s["pipeline_schedule"] in V_SHAPE_SCHEDULES
+    from ..graph.execution import layers_per_vstage, rank_vstages
+
     counts = None
     if plan.pp > 1 and plan.is_transformer:
-        from ..graph.execution import layers_per_vstage
-
         # the simulator's cut: layers that do not divide go where graph.execution puts them, not to the first stages
         counts = tuple(layers_per_vstage(plan.model["num_layers"], plan.pp, num_chunks, v_shape))
     ctx = M.ParallelContext(tp_size=plan.tp, tp_rank=tp_rank, tp_group=groups["tp"], stage=pp_rank,
                             num_stages=plan.pp, weight_grads=M.WeightGradStore() if zero_bubble else None,
                             layer_counts=counts)
     if num_chunks > 1:
-        from ..graph.execution import rank_vstages
-
         # every chunk of this rank in one ModuleList (its parameters() lists a table two chunks share once)
         vstages = rank_vstages(pp_rank, plan.pp, num_chunks, v_shape)
         net = M.build_chunks(plan.model, ctx, vstages, s["recompute"], plan.seed, s["moe_capacity_factor"])

@@ -25,7 +25,6 @@ from typing import Any, Callable, Optional
 
 from ..data.splits import split_mask
 from ..errors import InputError
-from ..specs.strategy import INTERLEAVED_SCHEDULES
 from .dataset import Runs, device_class, strategy_group
 from .iteration import METHODS, IterationModel, needs_ops
 from .metrics import score
@@ -66,8 +65,7 @@ EVAL_SPLITS: dict[str, tuple[str, Callable[[Any], Any]]] = {
                               lambda df, d=d: _device_is(df, d)) for d in ("T4", "P100", "P4")},
     "unseen_strategy": ("test = tensor x pipeline parallel mixes (tp > 1 and pp > 1) and interleaved schedules "
                         "(with or without zero bubble)",
-                        lambda df: ((df["tp"] > 1) & (df["pp"] > 1))
-                        | (df["pipeline_schedule"].isin(INTERLEAVED_SCHEDULES) & (df["pp"] > 1))),
+                        lambda df: ((df["tp"] > 1) & (df["pp"] > 1)) | split_mask(df, "unseen_strategy")),
     "unseen_sharding": ("test = fully sharded states (ZeRO-3 or FSDP)",
                         lambda df: split_mask(df, "unseen_sharding")),
     "unseen_scale": (f"test = more than {MEASURED_SCALE_THRESHOLD} devices: every test run has more devices than "
