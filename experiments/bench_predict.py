@@ -14,7 +14,7 @@ Prints what it measured (nothing is compared to a target here):
 
 Usage::
 
-    python experiments/bench_predict.py [--runs 20000] [--cli-lines 20000] [--single 300]
+    python experiments/bench_predict.py [--runs 20000] [--cli-lines 20000] [--single 300] [--checkpoint DIR]
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from _checkpoint import add_checkpoint_argument, load_predictor
 
 PLANNER_CASES = [("gpt3-13b", {"cluster": "dgx-a100", "num_devices": 64}, 512),
                  ("gpt3-175b", {"cluster": "dgx-a100", "num_devices": 1024}, 1536),
@@ -74,11 +76,16 @@ def _latency_ms(fn, runs: list) -> tuple[float, float]:
     return lat[len(lat) // 2], lat[min(len(lat) - 1, int(0.99 * len(lat)))]
 
 
-def _cli_seconds(path: str, out: str) -> float:
+def _cli_seconds(path: str, out: str, checkpoint: str | None) -> float:
+    cmd = [sys.executable, "-m", "learnedperf.cli", "predict", "--input", path, "--output", out]
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "learnedperf.cli", "predict", "--input", path, "--output", out],
-                   check=False, capture_output=True)
-    return time.perf_counter() - t0
+    done = subprocess.run(cmd + (["--checkpoint", checkpoint] if checkpoint else []), check=False,
+                          capture_output=True, text=True)
+    seconds = time.perf_counter() - t0
+    if done.returncode != 0:  # a failed batch is not a fast one: say why instead of timing it
+        raise SystemExit(f"bench_predict: error: learnedperf predict --input exited {done.returncode}: "
+                         f"{done.stderr.strip()[-500:]}")
+    return seconds
 
 
 def main() -> None:
@@ -86,18 +93,19 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=20000, help="runs per predict_many workload")
     ap.add_argument("--cli-lines", type=int, default=20000, help="lines of the big CLI batch")
     ap.add_argument("--single", type=int, default=300, help="calls for the latency percentiles")
+    add_checkpoint_argument(ap)
     args = ap.parse_args()
 
     from learnedperf.data.sampler import sample_runs
-    from learnedperf.predict import Predictor
 
     print(f"host: {platform.node()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
           f"{platform.machine()}")
     print(f"import learnedperf: {_import_seconds('learnedperf') * 1e3:.1f} ms; "
           f"import learnedperf.predict: {_import_seconds('learnedperf.predict') * 1e3:.1f} ms (median of 5)")
     t0 = time.perf_counter()
-    predictor = Predictor.load()
-    print(f"Predictor.load(): {time.perf_counter() - t0:.2f} s (verifies every file, loads LightGBM and torch)")
+    predictor = load_predictor(args.checkpoint, "bench_predict")
+    print(f"Predictor.load() of {predictor.source}: {time.perf_counter() - t0:.2f} s (verifies every file, loads "
+          "LightGBM and torch)")
     # what the CLI and the service do after loading: the models stay for the whole process, so the
     # cyclic collector need not scan them (without it, p99 latencies include full collections)
     import gc
@@ -128,8 +136,8 @@ def main() -> None:
             f.writelines(json.dumps(r) + "\n" for r in lines)
         with open(one, "w") as f:
             f.write(json.dumps(lines[0]) + "\n")
-        t_one = min(_cli_seconds(one, out) for _ in range(2))
-        t_big = min(_cli_seconds(big, out) for _ in range(2))
+        t_one = min(_cli_seconds(one, out, args.checkpoint) for _ in range(2))
+        t_big = min(_cli_seconds(big, out, args.checkpoint) for _ in range(2))
         print(f"learnedperf predict --input (fast tier): start-up {t_one:.2f} s; "
               f"{(len(lines) - 1) / (t_big - t_one):,.0f} lines/s excluding start-up "
               f"({len(lines):,} lines in {t_big:.2f} s)")

@@ -8,6 +8,8 @@ iteration time (as the row states it or implies it), the simulator's and the che
 (mean log predicted/measured) and the interval coverage, overall and per framework, device and scale, and
 Kendall τ over the strategies of one (model, device, GPU count, batch) where a table holds three or more.
 Rows the loader could not use are listed with their reason, and the values it filled in are counted.
+A checkpoint trained without a surrogate (``learnedperf train --surrogate-runs 0``) is scored on its full
+tier alone, and the fast tier's columns say so.
 
     python experiments/published_runs.py [TABLE.csv ...] [--checkpoint DIR] [--out per_run.csv] [--strict]
 """
@@ -44,10 +46,14 @@ def summarise(label: str, rows: list[dict]) -> str:
 
     bias = np.mean([math.log(r["full_ms"] / r["measured_ms"]) for r in rows])
     inside = sum(r["lo_ms"] <= r["measured_ms"] <= r["hi_ms"] for r in rows)
-    inside_fast = sum(r["fast_lo_ms"] <= r["measured_ms"] <= r["fast_hi_ms"] for r in rows)
+    if all(r["fast_ms"] is None for r in rows):
+        fast, fast_cov = "fast  none (no surrogate)", "fast none"
+    else:
+        inside_fast = sum(r["fast_lo_ms"] <= r["measured_ms"] <= r["fast_hi_ms"] for r in rows)
+        fast, fast_cov = f"fast {mape('fast_ms'):5.1f} %", f"fast {inside_fast}/{len(rows)}"
     return (f"{label[:30]:30s} n={len(rows):4d}  MAPE simulator {mape('simulator_ms'):5.1f} %  "
-            f"full {mape('full_ms'):5.1f} %  fast {mape('fast_ms'):5.1f} %  bias {bias:+.3f}  "
-            f"coverage full {inside}/{len(rows)}, fast {inside_fast}/{len(rows)}")
+            f"full {mape('full_ms'):5.1f} %  {fast}  bias {bias:+.3f}  "
+            f"coverage full {inside}/{len(rows)}, {fast_cov}")
 
 
 def main(argv=None) -> int:
@@ -70,13 +76,17 @@ def main(argv=None) -> int:
         print(f"published_runs: error: {exc}", file=sys.stderr)
         return 1
     rows = []
+    has_fast = predictor.checkpoint.surrogate is not None
+    if not has_fast:
+        print(f"published_runs: checkpoint {predictor.source} has no surrogate: the fast tier is not scored")
     print(f"{'run':34s} {'framework':22s} {'GPUs':>5s} {'measured':>10s} {'simulator':>10s} {'checkpoint':>10s}"
           f"  {'interval (ms)':>22s} {'fast':>10s}")
     for table, got in loaded:
         for m in got.runs:
             try:
                 full = predictor.predict(m.run, tier="full")
-                fast = predictor.predict(m.run, tier="fast")
+                fast = predictor.predict(m.run, tier="fast") if has_fast else \
+                    {"iteration_time_ms": None, "interval_ms": (None, None)}
             except LearnedPerfError as exc:  # a run the loader accepted but a tier refuses: say so, keep going
                 got.skipped.append((f"line {m.row}", f"prediction failed: {exc}"))
                 continue
@@ -93,7 +103,7 @@ def main(argv=None) -> int:
             rows.append(r)
             print(f"{r['id'][-34:]:34s} {r['framework'][:22]:22s} {r['num_gpus']:5d} {r['measured_ms']:10.0f} "
                   f"{r['simulator_ms']:10.0f} {r['full_ms']:10.0f}  [{r['lo_ms']:9.0f}, {r['hi_ms']:9.0f}] "
-                  f"{r['fast_ms']:10.0f}")
+                  + (f"{r['fast_ms']:10.0f}" if has_fast else f"{'-':>10s}"))
     for table, got in loaded:
         print(f"\n{table}: {len(got.runs)} runs, {len(got.skipped)} rows skipped")
         for where, why in got.skipped:

@@ -6,7 +6,7 @@ A checkpoint is a directory::
                                   interval calibration, training data, metrics, sha256 of every file
     op_regressor/op_time_model.txt  LightGBM text model (methods on learned operator costs)
     op_regressor/op_time_model.json its sidecar (feature schema, sha256)
-    gnn/gnn.safetensors           the GNN's state_dict (safetensors: tensors only, no pickle)
+    gnn/gnn.safetensors           the GNN's state_dict, one per ensemble member (safetensors: tensors only)
     gnn/gnn.json                  its hyperparameters and normalisation
     surrogate/*.txt               the fast tier's LightGBM models (time, breakdown shares)
     surrogate/surrogate.json      their sidecar: run feature schema, fidelity, sha256
@@ -130,7 +130,7 @@ def save_checkpoint(directory: str | Path, model: Any, training_data: dict, metr
         "created": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
         "method": model.method, "components": components,
         "model": {"formula_mfu": getattr(model, "mfu_", None), "gnn_params": model.gnn_params,
-                  "calibration_fraction": model.calibration_fraction, "seed": model.seed,
+                  "calibration_fraction": model.calibration_fraction, "folds": model.folds, "seed": model.seed,
                   "n_train": model.n_train_, "n_train_measured": model.n_train_measured_},
         "versions": library_versions(), "compat": _compat(),
         "feature_schema": {"op": OP_FEATURE_SCHEMA.to_dict(), "graph": graph_feature_schema_dict()},

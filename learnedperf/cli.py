@@ -227,8 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("train", help="fit a method on a data set and write a checkpoint",
                        description="Fit one method (or the one an evaluation report favours) on every usable run "
-                                   "of a data set written by 'learnedperf generate', calibrate its 90 %% interval "
-                                   "on held-back measured runs, and write a verified checkpoint.")
+                                   "of a data set written by 'learnedperf generate', calibrate its 90 % interval "
+                                   "on measured runs it did not fit on, and write a verified checkpoint.")
     p.add_argument("--data", required=True, metavar="DIR", help="data set directory (learnedperf generate)")
     p.add_argument("--out", required=True, metavar="DIR", help="checkpoint directory to write")
     p.add_argument("--method", default="auto", metavar="NAME",
@@ -250,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("evaluate", help="compare the methods on held-out splits of a data set",
                        description="Train every method on the training side of each held-out split and score it on "
                                    "the measured test runs: MAPE, Kendall tau and top-1 regret over strategies, "
-                                   "coverage of the 90 %% interval.")
+                                   "coverage of the 90 % interval.")
     p.add_argument("--data", required=True, metavar="DIR", help="data set directory (learnedperf generate)")
     p.add_argument("--out", metavar="REPORT.json", help="write the full report (with every prediction) here")
     p.add_argument("--methods", metavar="LIST", help="comma-separated methods (default: all)")
@@ -325,8 +325,13 @@ def _given(args: argparse.Namespace, names) -> dict[str, Any]:
 def _add_model_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments shared by ``train`` and ``evaluate``."""
     p.add_argument("--gnn", action="append", default=[], metavar="KEY=VALUE",
-                   help="GNN hyperparameter (repeatable), e.g. --gnn pretrain_epochs=5 --gnn hidden=32")
+                   help="GNN hyperparameter (repeatable), e.g. --gnn pretrain_epochs=5 --gnn hidden=32; "
+                        "--gnn ensemble=K trains K networks from different seeds and averages their log times")
     p.add_argument("--limit-simulated", type=_positive_int, metavar="N", help="use at most N simulated runs")
+    p.add_argument("--folds", type=_folds, default=0, metavar="K",
+                   help="calibrate the interval cross-fitted over K folds of the measured runs' strategy groups: "
+                        "the GNN is K networks, each trained without one fold, and every measured run is "
+                        "calibrated on the network that did not see it (default 0: hold 20 %% of them back)")
     p.add_argument("--scheduler", metavar="ADDRESS",
                    help="Dask scheduler (tcp://host:port): train the operator regressor through lightgbm.dask")
     p.add_argument("--seed", type=int, default=0, metavar="S")
@@ -834,6 +839,17 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _folds(text: str) -> int:
+    """``--folds``: 0 or an integer >= 2."""
+    try:
+        k = int(text)
+    except ValueError:
+        k = -1
+    if k < 0 or k == 1:
+        raise argparse.ArgumentTypeError(f"expected 0 or an integer >= 2, got {text!r}")
+    return k
+
+
 def _gnn_params(args: argparse.Namespace, prog: str) -> dict:
     """``--gnn KEY=VALUE`` pairs as a dict (values parsed as JSON numbers/booleans when they are)."""
     out: dict[str, Any] = {}
@@ -845,6 +861,17 @@ def _gnn_params(args: argparse.Namespace, prog: str) -> dict:
             out[key.strip()] = json.loads(value)
         except json.JSONDecodeError:
             out[key.strip()] = value
+    if out:
+        # before any data is loaded: a misspelt key or a bad value must not cost minutes first
+        from .models.iteration import check_gnn_params
+
+        try:
+            check_gnn_params(out)
+        except InputError as exc:
+            raise UsageError(f"{prog}: error: --gnn: {exc}") from None
+    if args.folds and out.get("ensemble", args.folds) != args.folds:
+        raise UsageError(f"{prog}: error: --folds {args.folds} trains one network per fold; --gnn ensemble="
+                         f"{out['ensemble']} differs (leave it out)")
     return out
 
 
@@ -883,7 +910,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     try:
         report = run_evaluation(args.data, methods=methods, splits=splits, gnn_params=gnn, client=client,
                                 limit_simulated=args.limit_simulated, seed=args.seed, progress=args.progress,
-                                log=log)
+                                log=log, folds=args.folds)
     except LearnedPerfError as exc:
         print(f"{prog}: error: {_error_text(exc)}", file=sys.stderr)
         return 1
@@ -933,7 +960,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     client = _dask_client(args, prog)
     try:
         model, data = fit_model(args.data, method, gnn_params=gnn, client=client, limit_simulated=args.limit_simulated,
-                                seed=args.seed, progress=args.progress, evaluation=report)
+                                seed=args.seed, progress=args.progress, evaluation=report, folds=args.folds)
         metrics: dict[str, Any] = {"chosen_by": chosen_by}
         if means is not None:
             metrics["mean_unseen_mape_by_method"] = means

@@ -33,7 +33,8 @@ from conftest import GPT_SMALL, hardware, make_run  # noqa: E402
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("torch_geometric")
-from learnedperf.models.gnn import GNNRegressor, GraphSample, IterationGNN, NodeBudgetBatches, make_sample  # noqa: E402
+from learnedperf.models.gnn import (MEMBER_SEED_STEP, GNNRegressor, GraphSample, IterationGNN,  # noqa: E402
+                                    NodeBudgetBatches, make_sample)
 
 TINY = dict(hidden=16, num_layers=2, batch_size=12, lse_channels=2)
 
@@ -230,7 +231,7 @@ def test_residual_mode_learns_a_known_correction(samples):
     again = GNNRegressor(mode="residual", pretrain_epochs=100, finetune_epochs=0, lr=1e-2, **TINY).fit(samples,
                                                                                                        sim * factor)
     assert np.array_equal(again.predict(samples), m.predict(samples))
-    assert m.get_params()["mode"] == "residual" and m.history_["pretrain"][-1] < m.history_["pretrain"][0]
+    assert m.get_params()["mode"] == "residual" and m.history_[0]["pretrain"][-1] < m.history_[0]["pretrain"][0]
 
 
 def test_direct_mode_learns_from_node_times_and_ignores_the_simulator(samples, runs):
@@ -263,7 +264,62 @@ def test_finetuning_moves_predictions_towards_measurements(samples):
     r_ft = np.exp(np.mean(np.log(ft.predict(samples) / sim)))
     assert 1.2 < r_pre < 1.65  # equal weights: between the two sources (√2 in log terms)
     assert abs(math.log(r_ft / 2.0)) < 0.1 and r_ft > r_pre
-    assert ft.history_["finetune"] and not pre.history_["finetune"] and ft.n_measured_ == len(samples)
+    assert ft.history_[0]["finetune"] and not pre.history_[0]["finetune"] and ft.n_measured_ == len(samples)
+
+
+def test_ensemble_members_are_the_single_networks_of_their_seeds_and_the_mean_is_their_log_mean(samples):
+    # a correction that differs between runs (a constant one is the networks' starting point: nothing to learn)
+    y = np.array([s.sim_ms for s in samples]) * np.array([1.3 if spec[1]["tp"] == 1 else 0.9 for spec in STRATEGIES])
+    kw = dict(mode="residual", pretrain_epochs=8, finetune_epochs=0, **TINY)
+    ens = GNNRegressor(ensemble=3, seed=5, **kw).fit(samples, y)
+    members = ens.predict_log_members(samples)
+    assert members.shape == (3, len(samples)) and len(ens.modules_) == len(ens.history_) == 3
+    # member k is trained exactly as one network of seed 5 + k * MEMBER_SEED_STEP on the same data
+    for k in range(3):
+        single = GNNRegressor(ensemble=1, seed=5 + k * MEMBER_SEED_STEP, **kw).fit(samples, y)
+        assert np.array_equal(single.predict_log(samples), members[k])
+    assert not np.array_equal(members[0], members[1])  # other seeds, other networks
+    assert np.allclose(ens.predict_log(samples), members.mean(axis=0), rtol=0, atol=1e-12)
+    assert np.allclose(ens.predict(samples), np.exp(members.mean(axis=0)), rtol=1e-12)
+
+
+def test_member_masks_train_each_member_on_its_own_samples_only(samples):
+    y = np.array([s.sim_ms for s in samples]) * np.array([1.3 if spec[1]["tp"] == 1 else 0.9 for spec in STRATEGIES])
+    src = ["measured"] * len(samples)
+    kw = dict(mode="residual", pretrain_epochs=6, finetune_epochs=3, **TINY)
+    masks = np.ones((2, len(samples)), dtype=bool)
+    masks[1, :4] = False  # member 1 leaves the first four runs out
+    ens = GNNRegressor(ensemble=2, **kw).fit(samples, y, source=src, member_masks=masks)
+    # member 1 is the network of its seed trained on its samples alone, with their target statistics and the
+    # input normalisation of all samples: changing the targets it left out changes nothing in it
+    y2 = y.copy()
+    y2[:4] *= 5.0
+    ens2 = GNNRegressor(ensemble=2, **kw).fit(samples, y2, source=src, member_masks=masks)
+    m1, m2 = ens.predict_log_members(samples), ens2.predict_log_members(samples)
+    assert np.array_equal(m1[1], m2[1]) and not np.allclose(m1[0], m2[0])
+    assert ens.target_offset_[1] == ens2.target_offset_[1] and ens.target_offset_[0] != ens2.target_offset_[0]
+    # member 0 (every sample) is the plain single network
+    single = GNNRegressor(**kw).fit(samples, y, source=src)
+    assert np.array_equal(single.predict_log(samples), m1[0])
+
+
+def test_member_masks_are_validated(samples):
+    y = np.array([s.sim_ms for s in samples])
+    m = GNNRegressor(ensemble=2, pretrain_epochs=1, finetune_epochs=0, **TINY)
+    with pytest.raises(InputError, match=r"member_masks must be a boolean array of shape \(2, 12\)"):
+        m.fit(samples, y, member_masks=np.ones((3, len(samples)), dtype=bool))
+    with pytest.raises(InputError, match="member_masks must be a boolean array"):
+        m.fit(samples, y, member_masks=np.ones((2, len(samples))))
+    empty = np.ones((2, len(samples)), dtype=bool)
+    empty[1] = False
+    with pytest.raises(InputError, match=r"member\(s\) \[1\] of member_masks have no sample"):
+        m.fit(samples, y, member_masks=empty)
+
+
+def test_ensemble_size_is_validated():
+    for bad in (0, -2):
+        with pytest.raises(InputError, match="ensemble: must be >= 1"):
+            GNNRegressor(ensemble=bad)
 
 
 # =================================================================== checkpoints
@@ -285,6 +341,79 @@ def test_save_load_round_trip_without_pickles(fitted, samples, tmp_path):
     loaded = GNNRegressor.load(tmp_path)
     assert loaded.get_params() == fitted.get_params()
     assert np.array_equal(loaded.predict(samples), fitted.predict(samples))
+
+
+def test_gnn_methods_refuse_bad_gnn_parameters_when_built():
+    from learnedperf.models.iteration import IterationModel
+
+    for params, match in (({"foo": 1}, r"unknown GNN parameter\(s\) \['foo'\]"),
+                          ({"mode": "direct"}, "'mode' is set by the method"),
+                          ({"hidden": "wide"}, "invalid literal"), ({"ensemble": 0}, "ensemble: must be >= 1")):
+        with pytest.raises(InputError, match=match):
+            IterationModel("gnn_residual", gnn_params=params)
+    # methods without a GNN ignore GNN parameters, as before
+    assert IterationModel("simulator", gnn_params={"foo": 1}).gnn_params == {"foo": 1}
+
+
+def test_ensemble_save_load_round_trip_and_member_count_mismatch(samples, tmp_path):
+    y = np.array([s.sim_ms for s in samples]) * np.array([1.3 if spec[1]["tp"] == 1 else 0.9 for spec in STRATEGIES])
+    ens = GNNRegressor(mode="residual", pretrain_epochs=3, finetune_epochs=0, ensemble=2, **TINY).fit(samples, y)
+    ens.save(tmp_path)
+    loaded = GNNRegressor.load(tmp_path)
+    assert loaded.ensemble == 2 and len(loaded.modules_) == 2
+    assert np.array_equal(loaded.predict_log_members(samples), ens.predict_log_members(samples))
+    meta_path = tmp_path / "gnn.json"
+    good = json.loads(meta_path.read_text())
+    assert good["format_version"] == 2 and len(good["training"]["history"]) == 2
+    meta_path.write_text(json.dumps({**good, "params": {**good["params"], "ensemble": 3}}))
+    with pytest.raises(InputError, match=r"target_offset must be 3 finite number\(s\), one per ensemble member"):
+        GNNRegressor.load(tmp_path)
+    norm = {**good["normalisation"], "target_offset": [0.0] * 3, "target_scale": [1.0] * 3}
+    meta_path.write_text(json.dumps({**good, "params": {**good["params"], "ensemble": 3}, "normalisation": norm}))
+    with pytest.raises(InputError, match="tensors do not fit 3 IterationGNN"):
+        GNNRegressor.load(tmp_path)
+    norm = {**good["normalisation"], "target_scale": [1.0, 0.0]}
+    meta_path.write_text(json.dumps({**good, "normalisation": norm}))
+    with pytest.raises(InputError, match=r"target_scale must be 2 finite number\(s\) > 0"):
+        GNNRegressor.load(tmp_path)
+    # a layout this package never wrote is refused by name
+    meta_path.write_text(json.dumps({**good, "format_version": 3}))
+    with pytest.raises(InputError, match="format version 3; this learnedperf reads versions 1, 2"):
+        GNNRegressor.load(tmp_path)
+
+
+def test_a_version_1_sidecar_loads_as_an_ensemble_of_one(samples, tmp_path):
+    """Checkpoints written before ensembles (one network: unprefixed tensor names, scalar target offset and
+    scale, one history) still load, and predict what the network they hold predicts."""
+    from safetensors.torch import load_file, save_file
+
+    from learnedperf.measure.records import sha256_file
+
+    y = np.array([s.sim_ms for s in samples]) * np.array([1.3 if spec[1]["tp"] == 1 else 0.9 for spec in STRATEGIES])
+    one = GNNRegressor(mode="residual", pretrain_epochs=3, finetune_epochs=0, **TINY).fit(samples, y)
+    one.save(tmp_path)
+    # rewrite it in the version 1 layout, as the learnedperf before ensembles wrote it
+    weights, meta_path = tmp_path / "gnn.safetensors", tmp_path / "gnn.json"
+    state = {k.removeprefix("member0."): v for k, v in load_file(str(weights)).items()}
+    save_file(state, str(weights), metadata={"format": "learnedperf.GNNRegressor", "feature_schema_version": "0"})
+    meta = json.loads(meta_path.read_text())
+    params = {k: v for k, v in meta["params"].items() if k != "ensemble"}
+    norm = {**meta["normalisation"], "target_offset": meta["normalisation"]["target_offset"][0],
+            "target_scale": meta["normalisation"]["target_scale"][0]}
+    v1 = {**meta, "format_version": 1, "params": params, "normalisation": norm,
+          "tensors": {k: list(v.shape) for k, v in state.items()}, "weights_bytes": weights.stat().st_size,
+          "weights_sha256": sha256_file(weights), "training": {**meta["training"], "history": one.history_[0]}}
+    meta_path.write_text(json.dumps(v1))
+    loaded = GNNRegressor.load(tmp_path)
+    assert loaded.ensemble == 1 and len(loaded.modules_) == 1 and loaded.history_ == one.history_
+    assert np.array_equal(loaded.predict_log(samples), one.predict_log(samples))
+    # version 1 is one network: a list of targets or an ensemble size in it is refused
+    meta_path.write_text(json.dumps({**v1, "normalisation": {**norm, "target_offset": [0.0]}}))
+    with pytest.raises(InputError, match=r"target_offset must be 1 finite number"):
+        GNNRegressor.load(tmp_path)
+    meta_path.write_text(json.dumps({**v1, "params": {**params, "ensemble": 1}}))
+    with pytest.raises(InputError, match="format version 1 is one network"):
+        GNNRegressor.load(tmp_path)
 
 
 def _saved(fitted, path: Path) -> Path:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -68,6 +69,73 @@ def test_evaluate_rejects_unknown_method(data, capsys):
 def test_train_needs_method_or_report(data, tmp_path, capsys):
     assert main(["train", "--data", str(data), "--out", str(tmp_path / "c")]) == 2
     assert "--evaluation" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cmd", ["train", "evaluate"])
+@pytest.mark.parametrize("item, match", [
+    ("hiden=8", "unknown GNN parameter(s) ['hiden']"),
+    ("mode=direct", "'mode' is set by the method"),
+    ("ensemble=0", "ensemble: must be >= 1, got 0"),
+    ("hidden=abc", "invalid literal for int()"),
+])
+def test_bad_gnn_parameters_are_refused_before_any_data_is_read(cmd, item, match, tmp_path, capsys):
+    # the data directory does not exist: the parameter is checked first, in one line, exit status 2
+    args = ["--data", str(tmp_path / "absent"), "--gnn", item]
+    args += ["--out", str(tmp_path / "c"), "--method", "gnn_residual"] if cmd == "train" else ["--methods", "gnn_direct"]
+    assert main([cmd, *args]) == 2
+    err = capsys.readouterr().err
+    assert f"learnedperf {cmd}: error: --gnn: " in err and match in err and "Traceback" not in err
+
+
+def test_cross_fitted_gnn_calibrates_each_measured_run_on_the_network_that_did_not_see_it(data):
+    from learnedperf.models.dataset import load_runs
+    from learnedperf.models.iteration import IterationModel, fold_index
+
+    runs = load_runs(data, limit_simulated=20, progress=False)
+    gnn = {"pretrain_epochs": 1, "finetune_epochs": 1, "hidden": 8, "num_layers": 1}
+    fold = fold_index(runs.records, 3, seed=0)
+    measured = runs.measured
+    assert set(fold[measured].tolist()) == {0, 1, 2} and set(fold[~measured].tolist()) == {-1}
+    model = IterationModel("gnn_residual", gnn_params=gnn, folds=3).fit(runs)
+    assert model.gnn_.ensemble == 3 and model.n_train_measured_ == measured.sum()
+    assert model.interval_.n_calibration_ == measured.sum()  # every measured run calibrates
+    # the measured times of fold 0 changed tenfold: network 0, which left them out, is the same network
+    changed = runs.records.copy()
+    changed.loc[fold == 0, "iteration_time_ms"] *= 10.0
+    other = IterationModel("gnn_residual", gnn_params=gnn, folds=3).fit(replace(runs, records=changed))
+    sub = runs.subset(measured)
+    a = model.gnn_.predict_log_members(model.samples(sub))
+    b = other.gnn_.predict_log_members(other.samples(sub))
+    assert np.array_equal(a[0], b[0]) and not np.allclose(a[1], b[1]) and not np.allclose(a[2], b[2])
+
+
+def test_cross_fitted_formula_mfu_is_the_mean_of_the_folds_logs(data):
+    from learnedperf.models.dataset import load_runs
+    from learnedperf.models.iteration import IterationModel, fold_index, ideal_time_ms
+
+    runs = load_runs(data, limit_simulated=5, progress=False)
+    m = runs.measured
+    fold = fold_index(runs.records, 4, seed=2)
+    ratio = ideal_time_ms(runs.specs) / runs.records["iteration_time_ms"].to_numpy()
+    mfus = [np.exp(np.mean(np.log(ratio[m & (fold != k)]))) for k in range(4)]
+    model = IterationModel("formula", folds=4, seed=2).fit(runs)
+    assert model.mfu_ == pytest.approx(np.exp(np.mean(np.log(mfus))), rel=1e-12)
+    assert model.interval_.n_calibration_ == m.sum()
+    with pytest.raises(InputError, match="folds: expected 0 .* or an integer >= 2, got 1"):
+        IterationModel("formula", folds=1)
+    with pytest.raises(InputError, match="folds=3 trains one network per fold; GNN parameter ensemble=2"):
+        IterationModel("gnn_direct", gnn_params={"ensemble": 2}, folds=3)
+
+
+@pytest.mark.parametrize("extra, match", [
+    (["--folds", "1"], "--folds: expected 0 or an integer >= 2, got '1'"),
+    (["--folds", "3", "--gnn", "ensemble=2"], "--folds 3 trains one network per fold; --gnn ensemble=2 differs"),
+])
+def test_bad_folds_are_refused_in_one_line(extra, match, tmp_path, capsys):
+    assert main(["train", "--data", str(tmp_path / "absent"), "--out", str(tmp_path / "c"), "--method",
+                 "gnn_residual", *extra]) == 2
+    err = capsys.readouterr().err
+    assert match in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("flag", ["--surrogate-runs", "--surrogate-near-runs"])
@@ -271,3 +339,28 @@ def test_merge_reports():
     other["splits"]["unseen_scale"]["test_measured"] = 4
     with pytest.raises(InputError, match="different test sets"):
         merge_reports([_report({"simulator": 8.0}), other])
+
+
+@pytest.mark.parametrize("key, value, match", [
+    ("folds", 5, r"differ in their folds: 0, 5"),  # a report without "folds" was calibrated on a held-out share
+    ("seed", 1, r"differ in their seed: None, 1"),
+    ("gnn_params", {"hidden": 8}, r"differ in their GNN parameters"),
+    ("data", {"dataset_manifest_sha256": "ab"}, r"differ in their data set: None, 'ab'"),
+])
+def test_merge_reports_refuses_reports_trained_differently(key, value, match):
+    from learnedperf.models.evaluate import merge_reports
+
+    other = _report({"formula": 50.0})
+    other[key] = value
+    with pytest.raises(InputError, match=match):
+        merge_reports([_report({"simulator": 8.0}), other])
+
+
+def test_merge_reports_refuses_other_training_sets():
+    from learnedperf.models.evaluate import merge_reports
+
+    a, b = _report({"simulator": 8.0}), _report({"formula": 50.0})
+    a["splits"]["unseen_scale"]["train"] = {"simulated": 1500, "measured": 800}
+    b["splits"]["unseen_scale"]["train"] = {"simulated": 1000, "measured": 800}  # another --limit-simulated
+    with pytest.raises(InputError, match="'unseen_scale': the reports have different training sets"):
+        merge_reports([a, b])

@@ -90,7 +90,7 @@ def test_mask(records: Any, split: str):
 def evaluate(runs_for: Callable[[Optional[Any]], Runs], methods: tuple[str, ...] = METHODS,
              splits: tuple[str, ...] = tuple(EVAL_SPLITS), gnn_params: Optional[dict] = None,
              op_regressor_for: Optional[Callable[[Optional[Callable[[str], bool]]], Any]] = None,
-             seed: int = 0, log: Callable[[str], None] = lambda s: None) -> dict:
+             seed: int = 0, log: Callable[[str], None] = lambda s: None, folds: int = 0) -> dict:
     """Train every method on every split's training side and score it on the measured test runs.
 
     Args:
@@ -104,6 +104,8 @@ def evaluate(runs_for: Callable[[Optional[Any]], Runs], methods: tuple[str, ...]
             measurements whose device name ``exclude`` does not match (``exclude=None``: all).
         seed: seed of the calibration hold-out and the GNNs.
         log: progress messages.
+        folds: calibration of every model (:class:`IterationModel`): 0 a held-out share, K >= 2
+            cross-fitted over K folds of the split's measured training runs.
 
     Returns:
         ``{"splits": {split: {"rule", "train": {"simulated", "measured"}, "test_measured",
@@ -143,7 +145,7 @@ def evaluate(runs_for: Callable[[Optional[Any]], Runs], methods: tuple[str, ...]
                                  "test_measured": int(test_rows.sum()), "methods": {}}
         for method in methods:
             t0 = time.perf_counter()
-            model = IterationModel(method, gnn_params=gnn_params, op_regressor=runs.op_regressor,
+            model = IterationModel(method, gnn_params=gnn_params, op_regressor=runs.op_regressor, folds=folds,
                                    seed=seed).fit(train_runs)
             p, lo, hi = model.predict(test_runs)
             metrics = score(p, y, groups, lo, hi)
@@ -221,10 +223,19 @@ def novelty_residuals(report: dict, method: str, leave_out: tuple[str, ...] = ()
 
 def merge_reports(reports: list[dict]) -> dict:
     """One report from several over the same data and splits but different methods (e.g. methods
-    evaluated in parallel processes). Raises :class:`InputError` if a method appears twice or the
-    reports' test sets differ."""
+    evaluated in parallel processes). Raises :class:`InputError` if a method appears twice, or the
+    reports differ in their data set, seed, GNN parameters, calibration folds, or a split's test or
+    training sets (a report written before folds were recorded counts as ``folds`` 0)."""
     if not reports:
         raise InputError("no report to merge")
+    # the methods of a merged report must be comparable: trained on the same runs, the same way
+    settings = {"data set": lambda r: (r.get("data") or {}).get("dataset_manifest_sha256"),
+                "seed": lambda r: r.get("seed"), "GNN parameters": lambda r: r.get("gnn_params") or {},
+                "folds": lambda r: r.get("folds", 0)}
+    for what, get in settings.items():
+        values = [get(r) for r in reports]
+        if any(v != values[0] for v in values):
+            raise InputError(f"the reports differ in their {what}: {', '.join(map(repr, values))}")
     out = {k: v for k, v in reports[0].items() if k not in ("splits", "predictions", "methods")}
     out["methods"], out["splits"], out["predictions"] = [], {}, []
     for rep in reports:
@@ -238,6 +249,9 @@ def merge_reports(reports: list[dict]) -> dict:
             if "methods" in entry:
                 if mine.get("test_measured") != entry.get("test_measured"):
                     raise InputError(f"split {split!r}: the reports have different test sets")
+                if mine.get("train") != entry.get("train"):  # e.g. another --limit-simulated
+                    raise InputError(f"split {split!r}: the reports have different training sets "
+                                     f"({mine.get('train')} and {entry.get('train')})")
                 mine.setdefault("methods", {}).update(entry["methods"])
     order = [m for m in METHODS if m in out["methods"]]
     out["methods"] = order

@@ -18,7 +18,13 @@ Training is provenance-aware: phase 1 fits all samples, simulated ones down-weig
 (``simulated_weight``); phase 2 fine-tunes on the measured samples alone at a lower
 learning rate. The loss is a weighted Huber loss on log time, i.e. on relative error.
 
-Checkpoints are ``gnn.safetensors`` (the ``state_dict``) plus ``gnn.json``
+``ensemble`` networks (default 1) can be trained from different seeds on the same data and
+normalisation; the prediction is the mean of their log times. One network's answer moves with its
+seed (initialisation and batch order); the mean of several moves less, and each member's answer is
+returned by :meth:`GNNRegressor.predict_log_members`.
+
+Checkpoints are ``gnn.safetensors`` (the ``state_dict`` of every member, keys prefixed
+``member<k>.``) plus ``gnn.json``
 (hyper-parameters, feature schema and version, normalisation, tensor shapes, sha256 of
 the weights): no pickles. :meth:`GNNRegressor.load` refuses a missing, tampered,
 truncated or schema-incompatible checkpoint with an :class:`~learnedperf.errors.InputError`.
@@ -55,7 +61,13 @@ WEIGHTS_FILE = "gnn.safetensors"
 META_FILE = "gnn.json"
 #: Checkpoint format tag and version of the JSON sidecar layout.
 FORMAT = "learnedperf.GNNRegressor"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: Sidecar layouts :meth:`GNNRegressor.load` reads: 1 is one network (tensor names unprefixed, a scalar target
+#: offset and scale, one history), written before ensembles; it loads as an ensemble of one.
+READABLE_FORMAT_VERSIONS = (1, 2)
+#: Seed step between ensemble members: member k trains with ``seed + k * MEMBER_SEED_STEP`` (its fine-tuning
+#: shuffles with that plus 1), so that member 0 is the single network of ``ensemble=1``.
+MEMBER_SEED_STEP = 1000
 MODES = ("residual", "direct")
 #: What the network's output is added to, per mode (stored in the sidecar for readers).
 TARGETS = {"residual": "log(iteration_time_ms) - log(sim_ms)", "direct": "log(iteration_time_ms)"}
@@ -348,6 +360,12 @@ class GNNRegressor:
     ``fit`` returns self; learned state ends in ``_``; :meth:`get_params` returns the
     constructor arguments. Times in and out are milliseconds.
 
+    Learned state: ``modules_`` (one :class:`IterationGNN` per ensemble member), ``history_`` (per
+    member, the weighted mean loss of each epoch of ``"pretrain"`` and ``"finetune"``), the
+    input normalisation shared by the members (``node_mean_``, ``node_std_``, ``global_mean_``,
+    ``global_std_``), each member's target offset and scale (arrays ``target_offset_``,
+    ``target_scale_``), ``n_samples_`` and ``n_measured_``.
+
     Args:
         mode: ``"residual"`` (learn ``log(t / sim_ms)``) or ``"direct"`` (learn ``log t`` without
             the simulator's global columns).
@@ -364,6 +382,8 @@ class GNNRegressor:
         huber_delta: Huber loss threshold in log units (0.5 ≈ a factor 1.65).
         lse_channels: channels of the log-sum-exp readout.
         seed: seed of initialisation and shuffling (fits on CPU are deterministic given it).
+        ensemble: networks trained from seeds ``seed + k * MEMBER_SEED_STEP``; predictions are the mean
+            of their log times.
         device: torch device to train and predict on (``"cpu"``, ``"cuda"``).
         num_threads: torch CPU threads while fitting and predicting (restored afterwards); None
             keeps torch's setting. Default 1: these graphs are small, and with 2 threads on a
@@ -374,11 +394,11 @@ class GNNRegressor:
                  finetune_epochs: int = 50, lr: float = 3e-3, finetune_lr: float = 3e-4, weight_decay: float = 1e-4,
                  batch_size: int = 32, max_nodes_per_batch: int = 50_000, simulated_weight: float = 0.3,
                  huber_delta: float = 0.5, lse_channels: int = 4, seed: int = 0, device: str = "cpu",
-                 num_threads: Optional[int] = 1):
+                 num_threads: Optional[int] = 1, ensemble: int = 1):
         if mode not in MODES:
             raise InputError(f"GNNRegressor.mode: {mode!r}, expected one of {list(MODES)}")
         for name, value in (("hidden", hidden), ("batch_size", batch_size), ("max_nodes_per_batch",
-                            max_nodes_per_batch), ("lse_channels", lse_channels)):
+                            max_nodes_per_batch), ("lse_channels", lse_channels), ("ensemble", ensemble)):
             if int(value) < 1:
                 raise InputError(f"GNNRegressor.{name}: must be >= 1, got {value}")
         for name, value in (("num_layers", num_layers), ("pretrain_epochs", pretrain_epochs),
@@ -408,6 +428,7 @@ class GNNRegressor:
         self.seed = int(seed)
         self.device = str(device)
         self.num_threads = None if num_threads is None else int(num_threads)
+        self.ensemble = int(ensemble)
 
     # ------------------------------------------------------------ sklearn API
     def get_params(self, deep: bool = True) -> dict:
@@ -417,7 +438,7 @@ class GNNRegressor:
                 "finetune_lr": self.finetune_lr, "weight_decay": self.weight_decay, "batch_size": self.batch_size,
                 "max_nodes_per_batch": self.max_nodes_per_batch, "simulated_weight": self.simulated_weight,
                 "huber_delta": self.huber_delta, "lse_channels": self.lse_channels, "seed": self.seed,
-                "device": self.device, "num_threads": self.num_threads}
+                "device": self.device, "num_threads": self.num_threads, "ensemble": self.ensemble}
 
     def set_params(self, **params: Any) -> "GNNRegressor":
         """Set constructor arguments (scikit-learn convention; validated as in ``__init__``); return self."""
@@ -479,7 +500,7 @@ class GNNRegressor:
 
     # ------------------------------------------------------------ training
     def fit(self, samples: Sequence[GraphSample], y_ms: Any = None, source: Optional[Sequence[str]] = None,
-            sample_weight: Any = None) -> "GNNRegressor":
+            sample_weight: Any = None, member_masks: Any = None) -> "GNNRegressor":
         """Fit on graph samples and their iteration times; return self.
 
         Args:
@@ -488,16 +509,22 @@ class GNNRegressor:
             source: provenance per sample (``"simulated"`` / ``"measured"``); None takes each sample's
                 ``source``.
             sample_weight: weights per sample (>= 0); None takes each sample's ``weight``.
+            member_masks: boolean array ``(ensemble, len(samples))``: the samples each member trains on
+                (cross-fitting leaves a fold out of each); None: every member trains on every sample.
+                The input features' normalisation comes from all samples (inputs only); each member's
+                target offset and scale come from its own samples, so that no target a member leaves
+                out reaches it.
 
         Raises:
             InputError: no samples, a missing or non-positive target, mismatched lengths, an unknown
-                source, or (residual mode) a sample without a simulator time.
+                source, a mask of another shape or one leaving a member no weighted sample, or
+                (residual mode) a sample without a simulator time.
         """
         with _torch_threads(self.num_threads):
-            return self._fit(self._check_samples(samples), y_ms, source, sample_weight)
+            return self._fit(self._check_samples(samples), y_ms, source, sample_weight, member_masks)
 
     def _fit(self, samples: list[GraphSample], y_ms: Any, source: Optional[Sequence[str]],
-             sample_weight: Any) -> "GNNRegressor":
+             sample_weight: Any, member_masks: Any) -> "GNNRegressor":
         n = len(samples)
         if y_ms is None:
             missing = [i for i, s in enumerate(samples) if s.y_ms is None]
@@ -518,9 +545,18 @@ class GNNRegressor:
         w1 = w * np.where(measured, 1.0, self.simulated_weight)
         if not w1.sum() > 0:
             raise InputError("GNNRegressor.fit: every sample has weight 0")
+        if member_masks is None:
+            masks = np.ones((self.ensemble, n), dtype=bool)
+        else:
+            masks = np.asarray(member_masks)
+            if masks.shape != (self.ensemble, n) or masks.dtype != bool:
+                raise InputError(f"GNNRegressor.fit: member_masks must be a boolean array of shape ({self.ensemble}, "
+                                 f"{n}) (ensemble, samples), got {masks.dtype} {masks.shape}")
+            empty = [k for k in range(self.ensemble) if not w1[masks[k]].sum() > 0]
+            if empty:
+                raise InputError(f"GNNRegressor.fit: member(s) {empty} of member_masks have no sample of weight > 0")
         target = np.log(y) - self._base_log(samples)
 
-        torch.manual_seed(self.seed)
         # normalisation from the training set; one-hot or constant columns are only centred
         nodes = np.concatenate([s.node_x for s in samples]).astype(np.float64)
         self.node_mean_ = nodes.mean(0).astype(np.float32)
@@ -530,42 +566,54 @@ class GNNRegressor:
         self.global_mean_ = glob.mean(0).astype(np.float32)
         std = glob.std(0)
         self.global_std_ = np.where(std > _MIN_STD, std, 1.0).astype(np.float32)
-        mean, std = _weighted_mean_std(target, w1)
-        self.target_offset_ = float(mean)
-        self.target_scale_ = float(max(std, MIN_TARGET_SCALE))
+        stats = [_weighted_mean_std(target[m], w1[m]) for m in masks]
+        self.target_offset_ = np.array([float(mean) for mean, _ in stats])
+        self.target_scale_ = np.array([float(max(std, MIN_TARGET_SCALE)) for _, std in stats])
 
         dev = torch.device(self.device)
-        self.module_ = self._new_module().to(dev)
         data = self._data(samples, target, w1)
-        self.history_: dict[str, list[float]] = {"pretrain": [], "finetune": []}
-        self.history_["pretrain"] = self._train(data, self.pretrain_epochs, self.lr, seed=self.seed)
-        if measured.any() and self.finetune_epochs > 0:
-            ft = [d.clone() for d, m in zip(data, measured) if m]
-            for d, wi in zip(ft, w[measured]):
-                d.w = torch.tensor([wi], dtype=torch.float32)  # phase 2: the caller's weights, no source factor
-            if w[measured].sum() > 0:
-                self.history_["finetune"] = self._train(ft, self.finetune_epochs, self.finetune_lr,
-                                                        seed=self.seed + 1)
+        # phase 2's copies: the caller's weights, no source factor (None where a sample is not measured)
+        ft_all: list[Optional[Data]] = [None] * n
+        for i in np.flatnonzero(measured):
+            ft_all[i] = data[i].clone()
+            ft_all[i].w = torch.tensor([w[i]], dtype=torch.float32)
+        self.modules_: list[IterationGNN] = []
+        self.history_: list[dict[str, list[float]]] = []
+        for k, mask in enumerate(masks):
+            seed = self.seed + k * MEMBER_SEED_STEP
+            torch.manual_seed(seed)
+            module = self._new_module().to(dev)
+            scale = (self.target_offset_[k], self.target_scale_[k])
+            ft = [ft_all[i] for i in np.flatnonzero(mask & measured)]
+            history = {"pretrain": self._train(module, [data[i] for i in np.flatnonzero(mask)], self.pretrain_epochs,
+                                               self.lr, seed, scale),
+                       "finetune": self._train(module, ft, self.finetune_epochs, self.finetune_lr, seed + 1, scale)
+                       if ft and w[mask & measured].sum() > 0 else []}
+            self.modules_.append(module)
+            self.history_.append(history)
         self.n_samples_ = n
         self.n_measured_ = int(measured.sum())
         return self
 
-    def _train(self, data: list[Data], epochs: int, lr: float, seed: int) -> list[float]:
-        """Train ``self.module_`` for ``epochs`` over ``data``; the weighted mean loss per epoch."""
+    def _train(self, module: IterationGNN, data: list[Data], epochs: int, lr: float, seed: int,
+               target: tuple[float, float]) -> list[float]:
+        """Train ``module`` for ``epochs`` over ``data`` with its target ``(offset, scale)``; the weighted
+        mean loss per epoch."""
         if epochs == 0:
             return []
+        offset, scale = float(target[0]), float(target[1])
         dev = torch.device(self.device)
         loader = self._loader(data, shuffle=True, seed=seed)
-        opt = torch.optim.AdamW(self.module_.parameters(), lr=lr, weight_decay=self.weight_decay)
+        opt = torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=self.weight_decay)
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, epochs * len(loader)))
         losses = []
-        self.module_.train()
+        module.train()
         for _ in range(epochs):
             total = wsum = 0.0
             for batch in loader:
                 batch = batch.to(dev)
-                out = self.module_(batch.x, batch.edge_index, batch.edge_attr, batch.batch, batch.u)
-                pred = self.target_offset_ + self.target_scale_ * out
+                out = module(batch.x, batch.edge_index, batch.edge_attr, batch.batch, batch.u)
+                pred = offset + scale * out
                 per = torch.nn.functional.huber_loss(pred, batch.y, reduction="none", delta=self.huber_delta)
                 bw = batch.w.sum()
                 if bw <= 0:
@@ -578,33 +626,38 @@ class GNNRegressor:
                 total += float(loss.detach()) * float(bw)
                 wsum += float(bw)
             losses.append(total / wsum if wsum else math.nan)
-        self.module_.eval()
+        module.eval()
         return losses
 
     # ------------------------------------------------------------ prediction
     def _check_fitted(self) -> None:
-        if not hasattr(self, "module_"):
+        if not hasattr(self, "modules_"):
             raise InputError("GNNRegressor: not fitted (call fit or load first)")
 
     def predict_log(self, samples: Sequence[GraphSample]) -> np.ndarray:
-        """Predicted ``log(iteration_time_ms)`` per sample (float64, input order)."""
+        """Predicted ``log(iteration_time_ms)`` per sample (float64, input order): the mean over the
+        ensemble's members."""
+        return self.predict_log_members(samples).mean(axis=0)
+
+    def predict_log_members(self, samples: Sequence[GraphSample]) -> np.ndarray:
+        """Each member's predicted ``log(iteration_time_ms)``: shape ``(ensemble, len(samples))``."""
         self._check_fitted()
         samples = self._check_samples(samples)
         with _torch_threads(self.num_threads):
-            return self._predict_log(samples)
+            return self._predict_log_members(samples)
 
-    def _predict_log(self, samples: list[GraphSample]) -> np.ndarray:
+    def _predict_log_members(self, samples: list[GraphSample]) -> np.ndarray:
         base = self._base_log(samples)
         data = self._data(samples)
         dev = torch.device(self.device)
-        out = []
-        self.module_.eval()
+        out: list[list[Tensor]] = [[] for _ in self.modules_]
         with torch.no_grad():
             for batch in self._loader(data, shuffle=False, seed=0):
                 batch = batch.to(dev)
-                out.append(self.module_(batch.x, batch.edge_index, batch.edge_attr, batch.batch, batch.u).cpu())
-        f = torch.cat(out).numpy().astype(np.float64)
-        return base + self.target_offset_ + self.target_scale_ * f
+                for k, module in enumerate(self.modules_):
+                    out[k].append(module(batch.x, batch.edge_index, batch.edge_attr, batch.batch, batch.u).cpu())
+        f = np.stack([torch.cat(o).numpy().astype(np.float64) for o in out])
+        return base + self.target_offset_[:, None] + self.target_scale_[:, None] * f
 
     def predict(self, samples: Sequence[GraphSample]) -> np.ndarray:
         """Predicted iteration time in ms per sample (input order)."""
@@ -619,7 +672,8 @@ class GNNRegressor:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         weights = directory / WEIGHTS_FILE
-        state = {k: v.detach().cpu().contiguous() for k, v in self.module_.state_dict().items()}
+        state = {f"member{i}.{k}": v.detach().cpu().contiguous()
+                 for i, module in enumerate(self.modules_) for k, v in module.state_dict().items()}
         save_file(state, str(weights), metadata={"format": FORMAT,
                                                  "feature_schema_version": str(GRAPH_FEATURE_SCHEMA_VERSION)})
         meta = {
@@ -627,7 +681,8 @@ class GNNRegressor:
             "time_unit": "ms", "params": self.get_params(), "feature_schema": graph_feature_schema_dict(),
             "normalisation": {"node_mean": self.node_mean_.tolist(), "node_std": self.node_std_.tolist(),
                               "global_mean": self.global_mean_.tolist(), "global_std": self.global_std_.tolist(),
-                              "target_offset": self.target_offset_, "target_scale": self.target_scale_},
+                              "target_offset": self.target_offset_.tolist(),
+                              "target_scale": self.target_scale_.tolist()},
             "tensors": {k: list(v.shape) for k, v in state.items()},
             "weights_file": WEIGHTS_FILE, "weights_bytes": weights.stat().st_size,
             "weights_sha256": sha256_file(weights),
@@ -639,7 +694,8 @@ class GNNRegressor:
 
     @classmethod
     def load(cls, directory: str | Path, device: Optional[str] = None) -> "GNNRegressor":
-        """Load a regressor written by :meth:`save` (onto ``device``, default the saved one).
+        """Load a regressor written by :meth:`save` (onto ``device``, default the saved one). A sidecar of
+        format version 1, written before ensembles, loads as an ensemble of one network.
 
         Raises:
             InputError: a file is missing or unreadable; the weights' size or sha256 differs from
@@ -651,7 +707,12 @@ class GNNRegressor:
 
         directory = Path(directory)
         meta_path, weights = directory / META_FILE, directory / WEIGHTS_FILE
-        meta = load_json_object(meta_path, f"{FORMAT} checkpoint", FORMAT, FORMAT_VERSION)
+        meta = load_json_object(meta_path, f"{FORMAT} checkpoint", FORMAT)
+        version = meta.get("format_version")
+        if isinstance(version, bool) or version not in READABLE_FORMAT_VERSIONS:
+            raise InputError(f"{meta_path}: {FORMAT} checkpoint format version {version!r}; this learnedperf reads "
+                             f"versions {', '.join(map(str, READABLE_FORMAT_VERSIONS))}")
+        one_network = version == 1
         fs = meta.get("feature_schema")
         if not isinstance(fs, dict) or fs.get("version") != GRAPH_FEATURE_SCHEMA_VERSION:
             got = fs.get("version") if isinstance(fs, dict) else None
@@ -674,6 +735,8 @@ class GNNRegressor:
             raise InputError(f"{weights}: sha256 differs from {META_FILE} (file changed or corrupted)")
         try:
             params = dict(meta["params"])
+            if one_network and "ensemble" in params:
+                raise InputError(f"{meta_path}: format version 1 is one network; its params cannot name 'ensemble'")
             if device is not None:
                 params["device"] = device
             self = cls(**params)
@@ -686,8 +749,14 @@ class GNNRegressor:
                         raise InputError(f"{meta_path}: normalisation {part}_{stat} must be {dims[part]} "
                                          "finite numbers")
                     setattr(self, f"{part}_{stat}_", arr)
-            self.target_offset_ = float(norm["target_offset"])
-            self.target_scale_ = float(norm["target_scale"])
+            for stat in ("offset", "scale"):
+                value = norm[f"target_{stat}"]
+                arr = np.asarray([value] if one_network else value, dtype=np.float64)
+                if arr.shape != (self.ensemble,) or not np.all(np.isfinite(arr)) or (stat == "scale"
+                                                                                    and not np.all(arr > 0)):
+                    raise InputError(f"{meta_path}: normalisation target_{stat} must be {self.ensemble} finite "
+                                     f"number(s){' > 0' if stat == 'scale' else ''}, one per ensemble member")
+                setattr(self, f"target_{stat}_", arr)
             training = meta.get("training") or {}
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, InputError):
@@ -697,21 +766,28 @@ class GNNRegressor:
             state = load_file(str(weights))
         except (SafetensorError, OSError, ValueError) as exc:
             raise InputError(f"{weights}: not a safetensors file ({exc})") from None
-        module = self._new_module()
-        want = {k: list(v.shape) for k, v in module.state_dict().items()}
         have = {k: list(v.shape) for k, v in state.items()}
         if have != meta.get("tensors"):
             raise InputError(f"{weights}: tensor names/shapes differ from the 'tensors' list of {META_FILE}")
+        if one_network:  # version 1's names are the one network's own: they are member 0's
+            state = {f"member0.{k}": v for k, v in state.items()}
+            have = {f"member0.{k}": v for k, v in have.items()}
+        modules = [self._new_module() for _ in range(self.ensemble)]
+        want = {f"member{i}.{k}": list(v.shape) for i, m in enumerate(modules) for k, v in m.state_dict().items()}
         if have != want:
             missing = sorted(set(want) - set(have))
             extra = sorted(set(have) - set(want))
             wrong = sorted(k for k in set(want) & set(have) if want[k] != have[k])
-            raise InputError(f"{weights}: tensors do not fit IterationGNN(hidden={self.hidden}, "
+            raise InputError(f"{weights}: tensors do not fit {self.ensemble} IterationGNN(hidden={self.hidden}, "
                              f"num_layers={self.num_layers}): missing {missing[:3]}, unexpected {extra[:3]}, "
                              f"wrong shape {wrong[:3]}")
-        module.load_state_dict(state, strict=True)
-        self.module_ = module.to(torch.device(self.device)).eval()
-        self.history_ = training.get("history", {"pretrain": [], "finetune": []})
+        for i, module in enumerate(modules):
+            prefix = f"member{i}."
+            module.load_state_dict({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)},
+                                   strict=True)
+        self.modules_ = [m.to(torch.device(self.device)).eval() for m in modules]
+        history = training.get("history", [])
+        self.history_ = [history] if one_network else history
         self.n_samples_ = int(training.get("n_samples", 0))
         self.n_measured_ = int(training.get("n_measured", 0))
         return self

@@ -17,9 +17,15 @@ best of):
                     node times as node features
 ================== ===========================================================================
 
-Every method gets a split-conformal 90 % interval calibrated on measured runs it did not
-train on: ``calibration_fraction`` of the measured training runs (whole strategy groups,
-chosen by hash) are held back from the GNN and used only for calibration. The interval also
+Every method gets a conformal 90 % interval calibrated on measured runs it did not train on.
+By default it is split-conformal: ``calibration_fraction`` of the measured training runs (whole
+strategy groups, chosen by hash) are held back from the GNN and used only for calibration. With
+``folds=K`` it is cross-fitted instead: the measured runs' strategy groups are dealt into K folds
+by the same hash, the GNN is an ensemble of K networks, network k trained on every run but fold k's,
+and every measured run is calibrated on the prediction of the network that did not see it (its
+out-of-fold prediction; the formula's MFU likewise per fold). Every measured run then trains the
+model (in K-1 of its networks) and calibrates the interval, and the point prediction is the mean
+over K networks. The interval also
 records the :class:`~learnedperf.models.intervals.TrainingDomain` of the measured runs the
 model learned from, so that a novel run can get a wider interval
 (:meth:`~learnedperf.models.intervals.ConformalInterval.fit_novelty`).
@@ -39,6 +45,25 @@ METHODS = ("formula", "simulator", "simulator+ops", "gnn_direct", "gnn_residual"
 
 GNN_METHODS = {"gnn_direct": "direct", "gnn_residual": "residual", "gnn_residual+ops": "residual"}
 """GNN methods → the GNN's mode."""
+
+
+def check_gnn_params(gnn_params: dict) -> None:
+    """Refuse, with one :class:`InputError` naming the parameter, GNN hyperparameters a GNN method cannot
+    take: an unknown name, a value :class:`~learnedperf.models.gnn.GNNRegressor` refuses, or ``mode``
+    (the method sets it: ``gnn_direct`` direct, ``gnn_residual*`` residual)."""
+    if "mode" in gnn_params:
+        raise InputError("GNN parameter 'mode' is set by the method (gnn_direct: direct, gnn_residual and "
+                         "gnn_residual+ops: residual); leave it out")
+    from .gnn import GNNRegressor
+
+    known = GNNRegressor().get_params()
+    unknown = sorted(set(gnn_params) - set(known))
+    if unknown:
+        raise InputError(f"unknown GNN parameter(s) {unknown}; known: {', '.join(k for k in known if k != 'mode')}")
+    try:
+        GNNRegressor(**gnn_params)
+    except (TypeError, ValueError) as exc:  # int("abc"), float(None), ...: name what was given
+        raise InputError(f"GNN parameters {gnn_params}: {exc}") from None
 
 
 def needs_ops(method: str) -> bool:
@@ -63,17 +88,29 @@ def ideal_time_ms(specs: list):
     return out
 
 
-def calibration_mask(records: Any, fraction: float, seed: int = 0):
-    """Measured rows held back for calibration: whole strategy groups, by a seeded hash of the group."""
+def _group_hashes(records: Any, seed: int):
+    """A seeded 32-bit hash of each row's strategy group."""
     import hashlib
 
     import numpy as np
 
-    groups = strategy_group(records)
+    return np.asarray([int(hashlib.sha256(f"{seed}:{g}".encode()).hexdigest()[:8], 16)
+                       for g in strategy_group(records)], dtype=np.int64)
+
+
+def calibration_mask(records: Any, fraction: float, seed: int = 0):
+    """Measured rows held back for calibration: whole strategy groups, by a seeded hash of the group."""
     measured = (records["source"] == "measured").to_numpy()
-    pick = np.asarray([int(hashlib.sha256(f"{seed}:{g}".encode()).hexdigest()[:8], 16) % 1000 < fraction * 1000
-                       for g in groups])
-    return measured & pick
+    return measured & (_group_hashes(records, seed) % 1000 < fraction * 1000)
+
+
+def fold_index(records: Any, folds: int, seed: int = 0):
+    """The cross-fitting fold of each measured row (whole strategy groups, by the seeded hash of
+    :func:`calibration_mask`), -1 for simulated rows."""
+    import numpy as np
+
+    measured = (records["source"] == "measured").to_numpy()
+    return np.where(measured, _group_hashes(records, seed) % folds, -1)
 
 
 class IterationModel:
@@ -84,19 +121,30 @@ class IterationModel:
         gnn_params: keyword arguments of :class:`~learnedperf.models.gnn.GNNRegressor` (GNN methods).
         op_regressor: a fitted :class:`~learnedperf.models.gbdt.OpTimeRegressor` (``+ops`` methods); the
             runs given to ``fit``/``predict`` must have been loaded with it (``Runs.sim_ops``).
-        calibration_fraction: share of the measured training runs held back for the interval.
+        calibration_fraction: share of the measured training runs held back for the interval
+            (``folds=0``).
         coverage: interval coverage target.
-        seed: seed of the calibration hold-out and of the GNN.
+        seed: seed of the calibration hold-out (or the folds) and of the GNN.
+        folds: 0 (default): split-conformal hold-out; K >= 2: cross-fitted over K folds (the GNN
+            methods' ``ensemble`` is K; a different ``ensemble`` in ``gnn_params`` is refused).
     """
 
     def __init__(self, method: str, gnn_params: Optional[dict] = None, op_regressor: Any = None,
-                 calibration_fraction: float = 0.2, coverage: float = 0.9, seed: int = 0):
+                 calibration_fraction: float = 0.2, coverage: float = 0.9, seed: int = 0, folds: int = 0):
         if method not in METHODS:
             raise InputError(f"unknown method {method!r}; known: {', '.join(METHODS)}")
         if needs_ops(method) and op_regressor is None:
             raise InputError(f"method {method!r} needs a fitted operator regressor")
+        if isinstance(folds, bool) or not isinstance(folds, int) or folds < 0 or folds == 1:
+            raise InputError(f"folds: expected 0 (a held-out calibration share) or an integer >= 2, got {folds!r}")
         self.method = method
         self.gnn_params = dict(gnn_params or {})
+        if method in GNN_METHODS:
+            check_gnn_params(self.gnn_params)
+            if folds and self.gnn_params.get("ensemble", folds) != folds:
+                raise InputError(f"folds={folds} trains one network per fold; GNN parameter ensemble="
+                                 f"{self.gnn_params['ensemble']} differs (leave it out)")
+        self.folds = folds
         self.op_regressor = op_regressor
         self.calibration_fraction = calibration_fraction
         self.coverage = coverage
@@ -130,33 +178,60 @@ class IterationModel:
 
     # ------------------------------------------------------------------ fit / predict
     def fit(self, runs: Runs) -> "IterationModel":
-        """Fit on ``runs`` (simulated and measured): the point model, then the interval on held-back runs."""
+        """Fit on ``runs`` (simulated and measured): the point model, then the interval on measured runs
+        it did not train on (held back, or out of fold)."""
         import numpy as np
 
         y = runs.records["iteration_time_ms"].to_numpy(dtype=float)
         measured = runs.measured
+        crossfit = self.folds >= 2 and self.method not in ("simulator", "simulator+ops")
         if self.method in ("simulator", "simulator+ops"):
             # nothing here trains on runs: every measured run can calibrate the interval
             calib = measured.copy()
             train = np.ones(len(runs), dtype=bool)
+        elif crossfit:
+            # every run trains (all but one fold's networks) and every measured run calibrates
+            fold = fold_index(runs.records, self.folds, self.seed)
+            if len(set(fold[measured].tolist())) < 2:
+                raise InputError(f"folds={self.folds}: the measured runs fall in fewer than two folds (they form "
+                                 f"{len(set(strategy_group(runs.records[measured])))} strategy group(s)); "
+                                 "cross-fitting needs two or more (use folds=0, a held-out share)")
+            calib = measured.copy()
+            train = np.ones(len(runs), dtype=bool)
         else:
-            calib = calibration_mask(runs.records, self.calibration_fraction, self.seed) if measured.any() else \
-                np.zeros(len(runs), dtype=bool)
+            calib = calibration_mask(runs.records, self.calibration_fraction, self.seed)
             train = ~calib
+        oof = None  # out-of-fold predictions of the measured rows (cross-fitting)
         if self.method == "formula":
-            fit_rows = measured & train
-            if not fit_rows.any():
-                raise InputError("method 'formula' needs measured training runs to fit its MFU")
-            ratio = ideal_time_ms(runs.specs)[fit_rows] / y[fit_rows]
-            self.mfu_ = float(math.exp(np.mean(np.log(ratio))))  # geometric mean: a fit of log time
+            ideal = ideal_time_ms(runs.specs)
+
+            def mfu(rows):
+                if not rows.any():
+                    raise InputError("method 'formula' needs measured training runs to fit its MFU")
+                return float(math.exp(np.mean(np.log(ideal[rows] / y[rows]))))  # geometric mean: a fit of log time
+
+            if crossfit:
+                mfus = [mfu(measured & (fold != k)) for k in range(self.folds)]
+                oof = ideal[measured] / np.asarray(mfus)[fold[measured]]
+                self.mfu_ = float(math.exp(np.mean(np.log(mfus))))  # the point model: the mean of the folds' logs
+            else:
+                self.mfu_ = mfu(measured & train)
         elif self.method in GNN_METHODS:
             from .gnn import GNNRegressor
 
             params = {"seed": self.seed, **self.gnn_params, "mode": GNN_METHODS[self.method]}
             sub = runs.subset(train)
             samples = self.samples(sub, anchor_simulated=True)
+            masks = None
+            if crossfit:
+                params["ensemble"] = self.folds
+                masks = np.stack([fold != k for k in range(self.folds)])  # simulated rows (-1) in every member
             self.gnn_ = GNNRegressor(**params).fit(samples, sub.records["iteration_time_ms"].to_numpy(dtype=float),
-                                                   source=sub.records["source"].to_numpy())
+                                                   source=sub.records["source"].to_numpy(), member_masks=masks)
+            if crossfit:
+                rows = np.flatnonzero(measured)
+                members = self.gnn_.predict_log_members([samples[i] for i in rows])
+                oof = np.exp(members[fold[rows], np.arange(len(rows))])
         self.n_train_ = int(train.sum())
         self.n_train_measured_ = int((train & measured).sum())
         self.interval_ = ConformalInterval(self.coverage)
@@ -167,7 +242,8 @@ class IterationModel:
         trained = train & measured
         domain = TrainingDomain.from_records(runs.records[trained]) if trained.any() else None
         sub = runs.subset(calib)
-        self.interval_.fit(self.predict_point(sub), sub.records["iteration_time_ms"].to_numpy(dtype=float),
+        pred = oof if oof is not None else self.predict_point(sub)
+        self.interval_.fit(pred, sub.records["iteration_time_ms"].to_numpy(dtype=float),
                            interval_group(sub.records), domain=domain)
         return self
 
@@ -197,4 +273,5 @@ class IterationModel:
             raise InputError(f"IterationModel({self.method!r}) is not fitted")
 
 
-__all__ = ["GNN_METHODS", "IterationModel", "METHODS", "calibration_mask", "ideal_time_ms", "needs_ops"]
+__all__ = ["GNN_METHODS", "IterationModel", "METHODS", "calibration_mask", "check_gnn_params", "fold_index",
+           "ideal_time_ms", "needs_ops"]

@@ -61,7 +61,8 @@ def _loader(data_dir: str | Path, progress: bool, limit_simulated: Optional[int]
 
 def run_evaluation(data_dir: str | Path, methods: tuple[str, ...] = METHODS, splits: Optional[tuple[str, ...]] = None,
                    gnn_params: Optional[dict] = None, client: Any = None, limit_simulated: Optional[int] = None,
-                   seed: int = 0, progress: bool = False, log: Callable[[str], None] = lambda s: None) -> dict:
+                   seed: int = 0, progress: bool = False, log: Callable[[str], None] = lambda s: None,
+                   folds: int = 0) -> dict:
     """Evaluate ``methods`` on the held-out splits of the data set ``data_dir`` (see :func:`evaluate`)."""
     from .evaluate import EVAL_SPLITS, evaluate
 
@@ -76,9 +77,10 @@ def run_evaluation(data_dir: str | Path, methods: tuple[str, ...] = METHODS, spl
     loader = _loader(data_dir, progress, limit_simulated, node_times="gnn_residual+ops" in methods)
     report = evaluate(loader, methods=methods,
                       splits=tuple(splits or EVAL_SPLITS), gnn_params=gnn_params, op_regressor_for=op_for, seed=seed,
-                      log=log)
+                      log=log, folds=folds)
     report["data"] = data_description(data_dir)
     report["gnn_params"] = dict(gnn_params or {})
+    report["folds"] = folds
     return report
 
 
@@ -122,8 +124,11 @@ def data_description(data_dir: str | Path) -> dict:
 
 def fit_model(data_dir: str | Path, method: str, gnn_params: Optional[dict] = None, client: Any = None,
               limit_simulated: Optional[int] = None, seed: int = 0, progress: bool = False,
-              evaluation: Optional[dict] = None) -> tuple[IterationModel, dict]:
+              evaluation: Optional[dict] = None, folds: int = 0) -> tuple[IterationModel, dict]:
     """Fit ``method`` on every usable run of ``data_dir``; return the model and its training-data description.
+
+    ``folds``: the interval's calibration (:class:`IterationModel`): 0 a held-out share of the measured runs,
+    K >= 2 cross-fitted over K folds.
 
     With ``evaluation`` (a report of :func:`run_evaluation`), the interval's out-of-domain classes are
     calibrated on the report's leave-domain-out predictions of ``method``
@@ -132,7 +137,7 @@ def fit_model(data_dir: str | Path, method: str, gnn_params: Optional[dict] = No
     """
     op_reg = fit_op_regressor(None, client=client, seed=seed) if needs_ops(method) else None
     runs = _loader(data_dir, progress, limit_simulated)(op_reg)
-    model = IterationModel(method, gnn_params=gnn_params, op_regressor=op_reg, seed=seed).fit(runs)
+    model = IterationModel(method, gnn_params=gnn_params, op_regressor=op_reg, seed=seed, folds=folds).fit(runs)
     desc = data_description(data_dir)
     rec = runs.records
     desc["used"] = {"runs": len(runs), "by_origin": {str(k): int(v) for k, v in rec["origin"].value_counts().items()},
