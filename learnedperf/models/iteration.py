@@ -184,18 +184,17 @@ class IterationModel:
 
         y = runs.records["iteration_time_ms"].to_numpy(dtype=float)
         measured = runs.measured
-        crossfit = self.folds >= 2 and self.method not in ("simulator", "simulator+ops")
-        if self.method in ("simulator", "simulator+ops"):
-            # nothing here trains on runs: every measured run can calibrate the interval
-            calib = measured.copy()
-            train = np.ones(len(runs), dtype=bool)
-        elif crossfit:
-            # every run trains (all but one fold's networks) and every measured run calibrates
+        trains_nothing = self.method in ("simulator", "simulator+ops")
+        crossfit = self.folds >= 2 and not trains_nothing
+        if crossfit:
             fold = fold_index(runs.records, self.folds, self.seed)
             if len(set(fold[measured].tolist())) < 2:
                 raise InputError(f"folds={self.folds}: the measured runs fall in fewer than two folds (they form "
                                  f"{len(set(strategy_group(runs.records[measured])))} strategy group(s)); "
                                  "cross-fitting needs two or more (use folds=0, a held-out share)")
+        if trains_nothing or crossfit:
+            # every measured run can calibrate the interval: the simulator methods train on nothing, and a
+            # cross-fitted run is calibrated on the network (or MFU) of the fold that left it out
             calib = measured.copy()
             train = np.ones(len(runs), dtype=bool)
         else:
