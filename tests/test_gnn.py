@@ -207,6 +207,33 @@ def test_iteration_gnn_shapes_and_batching(samples):
     assert all(len(b) == 1 or sum([50, 60, 3000, 40, 70][i] for i in b) <= 120 for b in batches)
 
 
+def test_stacked_members_equal_each_member_in_turn(samples):
+    from torch_geometric.data import Batch, Data
+
+    from learnedperf.models.gnn import IterationGNNEnsemble
+
+    dims = (len(NODE_FEATURE_SCHEMA.features), len(EDGE_FEATURE_SCHEMA.features), len(GLOBAL_FEATURE_SCHEMA.features))
+    torch.manual_seed(3)
+    members = [IterationGNN(*dims, hidden=8, num_layers=2, lse_channels=3).eval() for _ in range(3)]
+    with torch.no_grad():  # the head starts at zero (every output 0): give every member random weights throughout
+        for m in members:
+            for t in m.parameters():
+                t.copy_(torch.randn_like(t) * 0.3)
+    data = [Data(x=torch.from_numpy(s.node_x), edge_index=torch.from_numpy(s.edge_index),
+                 edge_attr=torch.from_numpy(s.edge_attr), u=torch.from_numpy(s.global_x)[None]) for s in samples[:5]]
+    b = Batch.from_data_list(data)
+    with torch.no_grad():
+        each = torch.stack([m(b.x, b.edge_index, b.edge_attr, b.batch, b.u) for m in members])
+        stacked = IterationGNNEnsemble(members)(b.x, b.edge_index, b.edge_attr, b.batch, b.u)
+    assert stacked.shape == (3, 5) and each.abs().min() > 1e-3  # nonzero outputs that differ by member
+    assert not torch.allclose(each[0], each[1])
+    assert torch.allclose(stacked, each, rtol=1e-5, atol=1e-5)
+    with pytest.raises(InputError, match="differ in architecture"):
+        IterationGNNEnsemble([members[0], IterationGNN(*dims, hidden=4, num_layers=2, lse_channels=3)])
+    with pytest.raises(InputError, match="one or more IterationGNN"):
+        IterationGNNEnsemble([])
+
+
 def test_sample_validation(samples):
     s = samples[0]
     with pytest.raises(InputError, match="node_x"):
@@ -267,6 +294,12 @@ def test_finetuning_moves_predictions_towards_measurements(samples):
     assert ft.history_[0]["finetune"] and not pre.history_[0]["finetune"] and ft.n_measured_ == len(samples)
 
 
+def _same_weights(a, b) -> bool:
+    """Whether two modules hold the same tensors, bit for bit."""
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
 def test_ensemble_members_are_the_single_networks_of_their_seeds_and_the_mean_is_their_log_mean(samples):
     # a correction that differs between runs (a constant one is the networks' starting point: nothing to learn)
     y = np.array([s.sim_ms for s in samples]) * np.array([1.3 if spec[1]["tp"] == 1 else 0.9 for spec in STRATEGIES])
@@ -274,10 +307,12 @@ def test_ensemble_members_are_the_single_networks_of_their_seeds_and_the_mean_is
     ens = GNNRegressor(ensemble=3, seed=5, **kw).fit(samples, y)
     members = ens.predict_log_members(samples)
     assert members.shape == (3, len(samples)) and len(ens.modules_) == len(ens.history_) == 3
-    # member k is trained exactly as one network of seed 5 + k * MEMBER_SEED_STEP on the same data
+    # member k is trained exactly as one network of seed 5 + k * MEMBER_SEED_STEP on the same data (the same
+    # weights to the bit; the members' stacked forward pass rounds its sums in another order than one network's)
     for k in range(3):
         single = GNNRegressor(ensemble=1, seed=5 + k * MEMBER_SEED_STEP, **kw).fit(samples, y)
-        assert np.array_equal(single.predict_log(samples), members[k])
+        assert _same_weights(single.modules_[0], ens.modules_[k])
+        assert np.allclose(single.predict_log(samples), members[k], rtol=0, atol=1e-5)
     assert not np.array_equal(members[0], members[1])  # other seeds, other networks
     assert np.allclose(ens.predict_log(samples), members.mean(axis=0), rtol=0, atol=1e-12)
     assert np.allclose(ens.predict(samples), np.exp(members.mean(axis=0)), rtol=1e-12)
@@ -296,11 +331,13 @@ def test_member_masks_train_each_member_on_its_own_samples_only(samples):
     y2[:4] *= 5.0
     ens2 = GNNRegressor(ensemble=2, **kw).fit(samples, y2, source=src, member_masks=masks)
     m1, m2 = ens.predict_log_members(samples), ens2.predict_log_members(samples)
-    assert np.array_equal(m1[1], m2[1]) and not np.allclose(m1[0], m2[0])
+    assert _same_weights(ens.modules_[1], ens2.modules_[1]) and np.array_equal(m1[1], m2[1])
+    assert not _same_weights(ens.modules_[0], ens2.modules_[0]) and not np.allclose(m1[0], m2[0])
     assert ens.target_offset_[1] == ens2.target_offset_[1] and ens.target_offset_[0] != ens2.target_offset_[0]
     # member 0 (every sample) is the plain single network
     single = GNNRegressor(**kw).fit(samples, y, source=src)
-    assert np.array_equal(single.predict_log(samples), m1[0])
+    assert _same_weights(single.modules_[0], ens.modules_[0])
+    assert np.allclose(single.predict_log(samples), m1[0], rtol=0, atol=1e-5)
 
 
 def test_member_masks_are_validated(samples):

@@ -193,8 +193,9 @@ class LogSumExpAggregation(Aggregation):
         \mathbf{r}_i = \log \sum_{n \in \mathcal{V}_i} \exp(\mathbf{x}_n)
 
     Shapes:
-        - **input:** node features :math:`(|\mathcal{V}|, F)`, batch vector :math:`(|\mathcal{V}|)`
-        - **output:** :math:`(|\mathcal{G}|, F)`
+        - **input:** node features :math:`(|\mathcal{V}|, F)` (or :math:`(K, |\mathcal{V}|, F)`, nodes on
+          ``dim``), batch vector :math:`(|\mathcal{V}|)`
+        - **output:** :math:`(|\mathcal{G}|, F)` (or :math:`(K, |\mathcal{G}|, F)`)
     """
 
     def forward(self, x: Tensor, index: Optional[Tensor] = None, ptr: Optional[Tensor] = None,
@@ -203,8 +204,9 @@ class LogSumExpAggregation(Aggregation):
         if index is None:
             index = x.new_zeros(x.size(0), dtype=torch.long)
         # subtracting the per-graph maximum keeps exp() in range; the max is a constant for the gradient
-        m = scatter(x.detach(), index, dim=0, dim_size=dim_size, reduce="max")
-        s = scatter((x - m.index_select(0, index)).exp(), index, dim=0, dim_size=dim_size, reduce="sum")
+        dim = dim % x.dim()  # -2 is the node axis of (nodes, F) and of a stack (members, nodes, F)
+        m = scatter(x.detach(), index, dim=dim, dim_size=dim_size, reduce="max")
+        s = scatter((x - m.index_select(dim, index)).exp(), index, dim=dim, dim_size=dim_size, reduce="sum")
         return m + s.clamp_min(torch.finfo(x.dtype).tiny).log()
 
 
@@ -282,6 +284,82 @@ class IterationGNN(torch.nn.Module):
                             self.lse_pool(self.lse_proj(h), batch, dim_size=num_graphs),
                             self.global_encoder(u)], dim=-1)
         return self.head(pooled).squeeze(-1)
+
+
+class IterationGNNEnsemble(torch.nn.Module):
+    r"""Several :class:`IterationGNN` of one architecture evaluated in one pass (inference only).
+
+    Every member's parameters are stacked along a leading member axis, and each layer runs once for
+    all members as a batched matrix product, so ``K`` members cost about one member's Python and
+    dispatch overhead: on the small coarsened graphs of one prediction that overhead, not the
+    arithmetic, is most of a forward pass. The output equals calling each member in turn, up to
+    float rounding (the same operations in the same order per member).
+
+    Args:
+        members: trained :class:`IterationGNN` modules of equal widths and depth (their tensors are
+            copied; later changes to the members do not reach the ensemble).
+
+    Shapes:
+        - **input:** as :class:`IterationGNN`: node features :math:`(|\mathcal{V}|, F_{node})`, edge indices
+          :math:`(2, |\mathcal{E}|)`, edge features :math:`(|\mathcal{E}|, F_{edge})`, batch vector
+          :math:`(|\mathcal{V}|)`, global features :math:`(|\mathcal{G}|, F_{global})`
+        - **output:** :math:`(K, |\mathcal{G}|)`, row :math:`k` the output of member :math:`k`
+    """
+
+    def __init__(self, members: Sequence[IterationGNN]):
+        super().__init__()
+        members = list(members)
+        if not members or not all(isinstance(m, IterationGNN) for m in members):
+            raise InputError("IterationGNNEnsemble: members must be one or more IterationGNN modules")
+        shapes = {tuple((k, tuple(v.shape)) for k, v in m.state_dict().items()) for m in members}
+        if len(shapes) != 1:
+            raise InputError("IterationGNNEnsemble: members differ in architecture")
+        self.num_members = len(members)
+        self.num_layers = len(members[0].convs_fwd)
+        self.ln_eps = [norm.eps for norm in members[0].norms]
+        for name, value in members[0].state_dict().items():
+            # stacked copies, detached: the ensemble never trains
+            stacked = torch.stack([m.state_dict()[name].detach() for m in members]).clone()
+            self.register_buffer(name.replace(".", "__"), stacked)
+
+    def _t(self, name: str) -> Tensor:
+        return getattr(self, name.replace(".", "__"))
+
+    def _linear(self, prefix: str, x: Tensor) -> Tensor:
+        """``x @ W_k^T + b_k`` for every member: ``x`` is shared (n, in) or stacked (K, n, in)."""
+        return torch.matmul(x, self._t(prefix + ".weight").transpose(1, 2)) + self._t(prefix + ".bias")[:, None, :]
+
+    def _mlp(self, prefix: str, x: Tensor) -> Tensor:
+        """The members' :func:`_mlp` (Linear, SiLU, Linear) under ``prefix``."""
+        return self._linear(prefix + ".2", torch.nn.functional.silu(self._linear(prefix + ".0", x)))
+
+    def _gine(self, prefix: str, h: Tensor, edge_index: Tensor, e: Tensor) -> Tensor:
+        """The members' :class:`~torch_geometric.nn.conv.GINEConv` (add aggregation, source to target)."""
+        src, dst = edge_index
+        msg = (h.index_select(1, src) + self._linear(prefix + ".lin", e)).relu()
+        out = scatter(msg, dst, dim=1, dim_size=h.size(1), reduce="sum")
+        out = out + (1 + self._t(prefix + ".eps"))[:, :, None] * h
+        return self._mlp(prefix + ".nn", out)
+
+    def forward(self, x: Tensor, edge_index: Tensor, edge_attr: Tensor, batch: Tensor, u: Tensor) -> Tensor:
+        """One scalar per member and graph of the batch (see the class docstring for shapes)."""
+        from torch_geometric.utils import softmax
+
+        num_graphs = u.size(0)
+        h = self._mlp("node_encoder", x)
+        rev = edge_index.flip(0)
+        for i in range(self.num_layers):
+            z = h + torch.nn.functional.silu(self._gine(f"convs_fwd.{i}", h, edge_index, edge_attr)
+                                             + self._gine(f"convs_bwd.{i}", h, rev, edge_attr))
+            z = torch.nn.functional.layer_norm(z, (z.size(-1),), eps=self.ln_eps[i])
+            h = z * self._t(f"norms.{i}.weight")[:, None, :] + self._t(f"norms.{i}.bias")[:, None, :]
+        gate = softmax(self._mlp("att_pool.gate_nn", h), batch, num_nodes=num_graphs, dim=1)
+        att = scatter(gate * self._linear("att_pool.nn", h), batch, dim=1, dim_size=num_graphs, reduce="sum")
+        mean = scatter(h, batch, dim=1, dim_size=num_graphs, reduce="mean")
+        lse = LogSumExpAggregation()(self._linear("lse_proj", h), batch, dim_size=num_graphs, dim=1)
+        pooled = torch.cat([att, mean, lse, self._mlp("global_encoder", u)], dim=-1)
+        # head: Linear, SiLU, Dropout (identity at inference), Linear
+        return self._linear("head.3", torch.nn.functional.silu(self._linear("head.0", pooled))).squeeze(-1)
 
 
 # ================================================================== batching
@@ -650,14 +728,23 @@ class GNNRegressor:
         base = self._base_log(samples)
         data = self._data(samples)
         dev = torch.device(self.device)
-        out: list[list[Tensor]] = [[] for _ in self.modules_]
+        stacked = self._stacked_members()
+        out: list[Tensor] = []
         with torch.no_grad():
             for batch in self._loader(data, shuffle=False, seed=0):
                 batch = batch.to(dev)
-                for k, module in enumerate(self.modules_):
-                    out[k].append(module(batch.x, batch.edge_index, batch.edge_attr, batch.batch, batch.u).cpu())
-        f = np.stack([torch.cat(o).numpy().astype(np.float64) for o in out])
+                out.append(stacked(batch.x, batch.edge_index, batch.edge_attr, batch.batch, batch.u).cpu())
+        f = torch.cat(out, dim=1).numpy().astype(np.float64)
         return base + self.target_offset_[:, None] + self.target_scale_[:, None] * f
+
+    def _stacked_members(self) -> IterationGNNEnsemble:
+        """The members stacked into one :class:`IterationGNNEnsemble`, built on first use after each fit or
+        load (kept with the list of modules it was built from, so a refit or reload rebuilds it)."""
+        cached = getattr(self, "_stacked", None)
+        if cached is None or cached[0] is not self.modules_:
+            cached = (self.modules_, IterationGNNEnsemble(self.modules_).eval())
+            self._stacked = cached
+        return cached[1]
 
     def predict(self, samples: Sequence[GraphSample]) -> np.ndarray:
         """Predicted iteration time in ms per sample (input order)."""
@@ -794,4 +881,4 @@ class GNNRegressor:
 
 
 __all__ = ["FORMAT", "META_FILE", "MODES", "WEIGHTS_FILE", "GNNRegressor", "GraphSample", "IterationGNN",
-           "LogSumExpAggregation", "NodeBudgetBatches", "make_sample", "sample_from_record"]
+           "IterationGNNEnsemble", "LogSumExpAggregation", "NodeBudgetBatches", "make_sample", "sample_from_record"]
