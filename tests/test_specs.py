@@ -203,6 +203,60 @@ def test_link_missing_raises_spec_error():
     expect_spec_error(spec.hardware.link, "intra_node_latency_us", field="hardware.intra_node_latency_us")
 
 
+DESIGN_EXAMPLE = {  # the run format's example in DESIGN.md, verbatim: a device name, 1,024 devices, no network
+    "model": "gpt3-175b",
+    "hardware": {"device": "A100-SXM4-80GB", "num_devices": 1024, "devices_per_node": 8},
+    "strategy": {"tp": 8, "pp": 8, "dp": 16, "micro_batch_size": 1, "global_batch_size": 1536,
+                 "pipeline_schedule": "1f1b", "virtual_pipeline_stages": 1, "zero_stage": 0,
+                 "recompute": "full", "sequence_parallel": False, "cp": 1, "ep": 1, "precision": "bf16"}}
+
+
+@needs_catalog("clusters", "models")
+def test_a_device_named_run_across_nodes_takes_its_reference_systems_network():
+    from learnedperf.catalog import get_cluster, reference_cluster
+    from learnedperf.simulate import simulate
+
+    assert reference_cluster("A100") == reference_cluster("A100-SXM4-80GB") == "dgx-a100"
+    assert reference_cluster("H100-SXM5-80GB") == "dgx-h100"
+    assert reference_cluster("A100-PCIE-40GB") is None and reference_cluster("no-such-gpu") is None
+    spec = RunSpec.from_dict(DESIGN_EXAMPLE)
+    hw_ = spec.hardware
+    # DGX A100 data sheet: 8 x 200 Gb/s HDR InfiniBand for 8 GPUs -> 25 GB/s a GPU (catalog clusters.json)
+    assert hw_.links_from == "dgx-a100" and hw_.inter_node_bandwidth_GBps == 25 == \
+        get_cluster("dgx-a100")["inter_node_bandwidth_GBps"]
+    assert hw_.cluster is None and roundtrip(spec) == spec
+    # the same network as naming the cluster: the same simulated time, and the prediction says what was assumed
+    named = dict(DESIGN_EXAMPLE, hardware={"cluster": "dgx-a100", "num_devices": 1024})
+    a, b = simulate(DESIGN_EXAMPLE).to_prediction(), simulate(named).to_prediction()
+    assert a["iteration_time_ms"] == b["iteration_time_ms"]
+    assert "notes" not in b and any("dgx-a100" in n and "inter_node_bandwidth_GBps" in n for n in a["notes"])
+    # nothing assumed where the run gives the network, names a cluster, stays in one node, or says where from
+    given = RunSpec.from_dict(dict(DESIGN_EXAMPLE, hardware=dict(DESIGN_EXAMPLE["hardware"],
+                                                                 inter_node_bandwidth_GBps=50.0)))
+    assert given.hardware.links_from is None and given.hardware.inter_node_bandwidth_GBps == 50.0
+    assert RunSpec.from_dict(named).hardware.links_from is None
+    one_node = RunSpec.from_dict(dict(DESIGN_EXAMPLE, hardware={"device": "A100-SXM4-80GB", "num_devices": 8},
+                                      strategy={"tp": 8, "global_batch_size": 16}))
+    assert one_node.hardware.links_from is None and one_node.hardware.inter_node_bandwidth_GBps is None
+    chosen = RunSpec.from_dict(dict(DESIGN_EXAMPLE, hardware=dict(DESIGN_EXAMPLE["hardware"], links_from="aws-p4de")))
+    assert chosen.hardware.links_from == "aws-p4de" and chosen.hardware.inter_node_bandwidth_GBps == 6.25
+    # a device no catalog cluster is built of still needs the network given
+    pcie = RunSpec.from_dict(dict(DESIGN_EXAMPLE, hardware={"device": "A100-PCIE-40GB", "num_devices": 16,
+                                                            "devices_per_node": 8},
+                                  strategy={"tp": 8, "global_batch_size": 16}))
+    assert pcie.hardware.links_from is None
+    expect_spec_error(pcie.hardware.link, "inter_node_bandwidth_GBps", field="hardware.inter_node_bandwidth_GBps")
+
+
+@needs_catalog("clusters", "models")
+def test_links_from_must_name_a_catalog_cluster():
+    bad = dict(DESIGN_EXAMPLE, hardware=dict(DESIGN_EXAMPLE["hardware"], links_from=7))
+    expect_spec_error(RunSpec.from_dict, bad, field="hardware.links_from")
+    with pytest.raises(CatalogError, match="unknown cluster") as exc:
+        RunSpec.from_dict(dict(DESIGN_EXAMPLE, hardware=dict(DESIGN_EXAMPLE["hardware"], links_from="dgx-a1000")))
+    assert exc.value.field == "hardware.links_from"
+
+
 def test_fp8_accepted_on_device_with_fp8():
     spec = RunSpec.from_dict(run(GPT_SMALL, hw(8, 8, device=DEVICE_FP8), precision="fp8"))
     assert spec.hardware.device.peak_flops("fp8") == pytest.approx(1979e12)

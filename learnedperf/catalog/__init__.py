@@ -72,6 +72,17 @@ def names(kind: str, sort: bool = True) -> list[str]:
     return sorted(entries) if sort else entries
 
 
+def reference_cluster(device: str) -> str | None:
+    """The catalog's first cluster built of ``device`` (a catalog device name or alias), or None: the vendor's
+    reference system (DGX A100 for the A100 SXM4 80GB, DGX H100 for the H100 SXM5), since each kind lists
+    those before later and derived systems."""
+    entries, index = _load("devices")
+    key = index.get(_norm(device))
+    if key is None:
+        return None
+    return next((c for c, entry in _load("clusters")[0].items() if entry.get("device") == key), None)
+
+
 def source(kind: str, name: str) -> dict:
     """The raw catalog entry (with its ``sources``/``source`` notes) of a name."""
     entries, index = _load(kind)

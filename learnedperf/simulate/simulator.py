@@ -91,8 +91,9 @@ class SimResult:
         }
         if run.id is not None:
             out["id"] = run.id
-        if self.notes:
-            out["notes"] = list(self.notes)
+        notes = [*self.notes, *run.hardware.assumptions()]
+        if notes:
+            out["notes"] = notes
         return out
 
 

@@ -146,6 +146,14 @@ class HardwareSpec(Spec):
     inter_node_bandwidth_GBps: Optional[float] = Field(default=None, gt=0)
     intra_node_latency_us: Optional[float] = Field(default=None, ge=0)
     inter_node_latency_us: Optional[float] = Field(default=None, ge=0)
+    # A run that names a device, not a cluster, and spans nodes without saying how fast their network
+    # is takes the network of the device's reference system (DGX A100 for the A100 SXM4 80GB): the
+    # setting its data sheet describes, and the one a published table means when it names the GPU alone
+    # (measure.published reads rows so). It is an assumption, so the spec keeps where it came from and
+    # every prediction of the run says so (assumptions()).
+    links_from: Optional[str] = Field(
+        default=None, description="catalog cluster whose inter-node bandwidth was taken because neither the run "
+        "nor its device gave one (the device's reference system)")
     # The link fields describe all-reduce (NCCL's ring reaches the same bus bandwidth in all-gather,
     # reduce-scatter and all-reduce: nccl-tests doc/PERFORMANCE.md defines busbw so that it does).
     # Other libraries differ: gloo's reduce-scatter on this project's CPU moves data at a third of its
@@ -191,6 +199,14 @@ class HardwareSpec(Spec):
         """Devices in one node actually used (a single partial node counts as one)."""
         return min(self.devices_per_node, self.num_devices)
 
+    def assumptions(self) -> list[str]:
+        """What was filled in for this hardware rather than given (one sentence each; empty when nothing was)."""
+        if self.links_from is None:
+            return []
+        return [f"hardware.inter_node_bandwidth_GBps: {self.inter_node_bandwidth_GBps:g} GB/s per device assumed, the "
+                f"network of catalog cluster {self.links_from}, as the run spans nodes and names neither a cluster nor "
+                "this bandwidth; give either for another network"]
+
     def link(self, name: str) -> float:
         """A resolved link value; SpecError naming the field if the run needs it and nothing gave it."""
         value = getattr(self, name)
@@ -209,7 +225,7 @@ def resolve_hardware(value: Any, prefix: str = "hardware") -> HardwareSpec:
     if not isinstance(value, dict):
         raise SpecError(prefix, f"expected a JSON object, got {type(value).__name__}")
     allowed = {"device", "cluster", "num_devices", "devices_per_node", "collective_busbw_ratio", "comm_overlap",
-               *_LINK_FIELDS}
+               "links_from", *_LINK_FIELDS}
     for key in value:
         if key not in allowed:
             raise SpecError(f"{prefix}.{key_text(key)}", "unknown field")
@@ -239,6 +255,22 @@ def resolve_hardware(value: Any, prefix: str = "hardware") -> HardwareSpec:
     for f in _LINK_FIELDS:
         # precedence: the run's own value, then the cluster's, then the device's catalog entry
         resolved[f] = value.get(f, base.get(f, getattr(device, f)))
+    # a network the run needs and nothing gave: the device's reference system's (see HardwareSpec.links_from)
+    links_from = value.get("links_from")
+    if links_from is not None and not isinstance(links_from, str):
+        raise SpecError(f"{prefix}.links_from", "expected a catalog cluster name")
+    n, per_node = resolved["num_devices"], resolved["devices_per_node"]
+    spans_nodes = isinstance(n, int) and isinstance(per_node, int) and per_node >= 1 and n > per_node
+    if links_from is None and cluster_name is None and spans_nodes and resolved["inter_node_bandwidth_GBps"] is None:
+        from ..catalog import reference_cluster
+
+        links_from = reference_cluster(device.name)
+    if links_from is not None:
+        ref = get_cluster(links_from, field=f"{prefix}.links_from").get("inter_node_bandwidth_GBps")
+        if resolved["inter_node_bandwidth_GBps"] is None and spans_nodes:
+            resolved["inter_node_bandwidth_GBps"] = ref
+        # kept only where the value is the cluster's (a spec written by to_dict reads back the same)
+        resolved["links_from"] = links_from if resolved["inter_node_bandwidth_GBps"] == ref else None
     resolved["collective_busbw_ratio"] = value.get("collective_busbw_ratio", base.get("collective_busbw_ratio"))
     resolved["comm_overlap"] = value.get("comm_overlap", base.get("comm_overlap"))
     data = {k: v for k, v in resolved.items() if v is not None}
