@@ -761,8 +761,9 @@ class GNNRegressor:
         weights = directory / WEIGHTS_FILE
         state = {f"member{i}.{k}": v.detach().cpu().contiguous()
                  for i, module in enumerate(self.modules_) for k, v in module.state_dict().items()}
-        save_file(state, str(weights), metadata={"format": FORMAT,
-                                                 "feature_schema_version": str(GRAPH_FEATURE_SCHEMA_VERSION)})
+        # one metadata key: safetensors writes its metadata map in a per-process random order, so two keys made
+        # the file's bytes (and sha256) differ between trainings of the same weights; the sidecar has the schema
+        save_file(state, str(weights), metadata={"format": FORMAT})
         meta = {
             "format": FORMAT, "format_version": FORMAT_VERSION, "mode": self.mode, "target": TARGETS[self.mode],
             "time_unit": "ms", "params": self.get_params(), "feature_schema": graph_feature_schema_dict(),
