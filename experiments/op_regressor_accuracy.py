@@ -17,8 +17,13 @@ graph-node records when it has any (``graph-nodes`` rows). ``--graph-modes`` pic
 ``train`` (the default; NeuSight has training graphs of V100 only, so every held-out device but
 V100 gains them) or ``train,inf`` (inference graphs, forward nodes, of all five GPUs as well).
 
+``--param KEY=VALUE`` (repeatable) passes other LightGBM parameters to every regressor (e.g.
+``--param linear_tree=true``; values are read as JSON, else kept as text), to compare settings on
+the same rows.
+
     python experiments/op_regressor_accuracy.py [--rows-per-device 30000] [--n-estimators 300]
                                                 [--with-graph-nodes [--graph-modes train,inf]]
+                                                [--param KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -66,7 +71,18 @@ def main() -> None:
     ap.add_argument("--with-graph-nodes", action="store_true",
                     help="also train with the graph-node ops of the other devices and compare")
     ap.add_argument("--graph-modes", default="train", help="graphs to use: 'train' or 'train,inf'")
+    ap.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                    help="another LightGBM parameter of every regressor (value read as JSON, else text)")
     args = ap.parse_args()
+    params = {}
+    for item in args.param:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            ap.error(f"--param {item!r}: expected KEY=VALUE")
+        try:
+            params[key] = json.loads(value)
+        except json.JSONDecodeError:
+            params[key] = value
 
     t0 = time.perf_counter()
     # NeuSight's kernels + every ops_*.parquet of datasets/measured/* (the CPU's today), compute kinds
@@ -92,7 +108,7 @@ def main() -> None:
         t1 = time.perf_counter()
         tr = df.iloc[np.concatenate([train_idx[d] for d in devices if d != held])]
         te = df[df["device_name"] == held]
-        model = OpTimeRegressor(n_estimators=args.n_estimators).fit_records(tr)
+        model = OpTimeRegressor(n_estimators=args.n_estimators, **params).fit_records(tr)
         true = te["time_ms"].to_numpy()
         e_m, e_r = ape(model.predict_records(te), true), ape(roofline_ms(te), true)
         e_g = None
@@ -100,7 +116,7 @@ def main() -> None:
         if graph is not None:
             other = graph[graph["device_name"] != held]
             # no graphs of other devices: the same rows give the same model, no need to fit it twice
-            aug = model if other.empty else OpTimeRegressor(n_estimators=args.n_estimators).fit_records(
+            aug = model if other.empty else OpTimeRegressor(n_estimators=args.n_estimators, **params).fit_records(
                 pd.concat([tr, other[tr.columns.intersection(other.columns)]], ignore_index=True))
             e_g = ape(aug.predict_records(te), true)
             extra = f" (+{len(other)} graph-node rows of other devices)"
@@ -132,7 +148,7 @@ def main() -> None:
         line += f"{er.mean():>15.1f} {np.median(er):>14.1f}"
         print(line)
     print(f"\n# total {time.perf_counter() - t0:.1f} s; rows per training device <= {args.rows_per_device}, "
-          f"n_estimators {args.n_estimators}")
+          f"n_estimators {args.n_estimators}" + (f", other parameters {params}" if params else ""))
 
 
 if __name__ == "__main__":
