@@ -76,8 +76,7 @@ def reference_cluster(device: str) -> str | None:
     """The catalog's first cluster built of ``device`` (a catalog device name or alias), or None: the vendor's
     reference system (DGX A100 for the A100 SXM4 80GB, DGX H100 for the H100 SXM5), since each kind lists
     those before later and derived systems."""
-    entries, index = _load("devices")
-    key = index.get(_norm(device))
+    key = _load("devices")[1].get(_norm(device))
     if key is None:
         return None
     return next((c for c, entry in _load("clusters")[0].items() if entry.get("device") == key), None)

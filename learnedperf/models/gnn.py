@@ -311,16 +311,15 @@ class IterationGNNEnsemble(torch.nn.Module):
         members = list(members)
         if not members or not all(isinstance(m, IterationGNN) for m in members):
             raise InputError("IterationGNNEnsemble: members must be one or more IterationGNN modules")
-        shapes = {tuple((k, tuple(v.shape)) for k, v in m.state_dict().items()) for m in members}
-        if len(shapes) != 1:
+        states = [m.state_dict() for m in members]
+        if len({tuple((k, tuple(v.shape)) for k, v in state.items()) for state in states}) != 1:
             raise InputError("IterationGNNEnsemble: members differ in architecture")
         self.num_members = len(members)
         self.num_layers = len(members[0].convs_fwd)
         self.ln_eps = [norm.eps for norm in members[0].norms]
-        for name, value in members[0].state_dict().items():
+        for name in states[0]:
             # stacked copies, detached: the ensemble never trains
-            stacked = torch.stack([m.state_dict()[name].detach() for m in members]).clone()
-            self.register_buffer(name.replace(".", "__"), stacked)
+            self.register_buffer(name.replace(".", "__"), torch.stack([state[name].detach() for state in states]))
 
     def _t(self, name: str) -> Tensor:
         return getattr(self, name.replace(".", "__"))
