@@ -1076,6 +1076,9 @@ def _cmd_search(args: argparse.Namespace) -> int:
     for row in (head, *rows):
         print("  ".join(v.rjust(w) for v, w in zip(row, widths)).rstrip())
     print(f"source: {result['source']}; P(fastest): {result['confidence_note']}")
+    # what was assumed rather than given (the hardware's network): every candidate shares it, so say it once
+    for note in dict.fromkeys(n for r in result["results"] for n in r["prediction"].get("notes", [])):
+        print(f"note: {note}")
     return 0
 
 

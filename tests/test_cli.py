@@ -299,6 +299,22 @@ def test_search_table_names_the_expert_dispatch_it_tried(capsys):
     assert "dispatch" in out and "deepep, overlapped" in out and "alltoall, overlapped" in out
 
 
+def test_a_device_named_multi_node_run_says_which_network_it_assumed(capsys):
+    # DGX A100's network (8 x 200 Gb/s HDR for 8 GPUs: 25 GB/s each), the catalog's first cluster of the A100 SXM4 80GB
+    hw = ["--device", "A100-SXM4-80GB", "--num-devices", "16"]
+    assert main(["predict", "--model", MODEL, *hw, "--tp", "8", "--global-batch-size", "16", "--format", "json"]) == 0
+    pred = json.loads(capsys.readouterr().out)
+    assert any("dgx-a100" in n and "25 GB/s" in n for n in pred["notes"])
+    argv = ["search", "--model", MODEL, *hw, "--global-batch-size", "16", "--top", "2", "--constraints",
+            '{"recompute": ["none"], "zero_stages": [0]}']
+    assert main(argv) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: ")]
+    assert len(notes) == 1 and "dgx-a100" in notes[0]  # said once, not once per candidate
+    assert main(["search", "--model", MODEL, "--cluster", CLUSTER, "--num-devices", "16", "--global-batch-size", "16",
+                 "--top", "2", "--constraints", '{"recompute": ["none"], "zero_stages": [0]}']) == 0
+    assert "note: " not in capsys.readouterr().out  # a named cluster's network is given, not assumed
+
+
 def test_search_bad_constraint_is_one_line(tmp_path, capsys):
     assert main(["search", "--model", MODEL, "--cluster", CLUSTER, "--num-devices", "8", "--global-batch-size",
                  "16", "--constraints", '{"tp_max": 4}']) == 1
