@@ -353,8 +353,9 @@ class Predictor:
                     bd["pipeline_bubble"] = 0.0
                 bd["compute"] = bd["forward"] + bd["backward"] + bd["recompute"]
                 pred["breakdown_ms"] = bd
-            if hw.links_from is not None:
-                pred["notes"] = hw.assumptions()
+            notes = hw.assumptions()
+            if notes:
+                pred["notes"] = notes
             if spec.id is not None:
                 pred["id"] = spec.id
             out[i] = pred

@@ -46,7 +46,7 @@ from torch_geometric.data import Data
 from torch_geometric.loader import DataLoader
 from torch_geometric.nn import GINEConv
 from torch_geometric.nn.aggr import Aggregation, AttentionalAggregation, MeanAggregation
-from torch_geometric.utils import scatter
+from torch_geometric.utils import scatter, softmax
 
 from ..data.records import SOURCES
 from ..errors import InputError
@@ -314,7 +314,6 @@ class IterationGNNEnsemble(torch.nn.Module):
         states = [m.state_dict() for m in members]
         if len({tuple((k, tuple(v.shape)) for k, v in state.items()) for state in states}) != 1:
             raise InputError("IterationGNNEnsemble: members differ in architecture")
-        self.num_members = len(members)
         self.num_layers = len(members[0].convs_fwd)
         self.ln_eps = [norm.eps for norm in members[0].norms]
         for name in states[0]:
@@ -342,8 +341,6 @@ class IterationGNNEnsemble(torch.nn.Module):
 
     def forward(self, x: Tensor, edge_index: Tensor, edge_attr: Tensor, batch: Tensor, u: Tensor) -> Tensor:
         """One scalar per member and graph of the batch (see the class docstring for shapes)."""
-        from torch_geometric.utils import softmax
-
         num_graphs = u.size(0)
         h = self._mlp("node_encoder", x)
         rev = edge_index.flip(0)
