@@ -12,7 +12,7 @@
 4. The script prints the MAPE and mean bias per strategy kind, single-process and
    multi-process apart, per precision (fp32, bf16 under torch.autocast), and the worst runs, for
    both sets of constants and for the shipped constants fitted on GPUs alone (what the simulator
-   predicts for a CPU it has never measured: the ``unseen_device:CPU`` split's simulator).
+   predicts for a CPU it has never measured).
 
 Usage: ``python experiments/cpu_steps_accuracy.py [DATASET_DIR ...]`` (default: every
 directory under ``datasets/measured/`` that has both kinds of record).

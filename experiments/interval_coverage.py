@@ -10,7 +10,7 @@ prediction with the interval of the split's model). For each held-out split and 
 * **novelty-aware**: the interval a checkpoint with novelty classes gives the same runs: the
   split's novelty class (``unseen_device:*`` → ``unseen_device``, ...) widens the in-domain pair
   of each run to the conformal quantiles of leave-domain-out residuals — calibrated **leaving
-  this split out** (for ``unseen_device:CPU`` only the other ``unseen_device`` splits count; a
+  this split out** (for ``unseen_device:Xeon`` only the other ``unseen_device`` splits count; a
   class with no other split pools every other ``unseen_*`` split, and the table says so). Leaving
   the split out is what makes the figure honest: a shipped checkpoint has never seen the
   residuals of the next novel device, family or scale either;

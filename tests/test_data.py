@@ -429,6 +429,20 @@ def test_neusight_runs_become_measured_records_of_five_devices():
         assert (test_mask(df, split) == (df["device_type"] == device)).all(), split
 
 
+def test_each_measured_cpu_is_its_own_device_split():
+    import pandas as pd
+
+    from learnedperf.models.evaluate import OP_DEVICE_HOLDOUT, test_mask
+
+    names = ["cpu-intel-xeon-1t", "cpu-intel-xeon-1t-x4", "cpu-amd-epyc-2t", "A100-SXM4-80GB", "cpu-arm-neoverse-1t"]
+    df = pd.DataFrame({"device_type": names})
+    # one CPU held out, the other trained on; a CPU the project never measured is in neither
+    assert test_mask(df, "unseen_device:Xeon").tolist() == [True, True, False, False, False]
+    assert test_mask(df, "unseen_device:EPYC").tolist() == [False, False, True, False, False]
+    # the operator regressor leaves out the same device's operator records
+    assert [OP_DEVICE_HOLDOUT["unseen_device:EPYC"](n) for n in names] == [False, False, True, False, False]
+
+
 def test_vtrain_rows_become_measured_records():
     from learnedperf.data.generate import measured_rows
     from learnedperf.measure.public import default_shared_data, vtrain_step_records

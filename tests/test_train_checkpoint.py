@@ -320,7 +320,7 @@ def test_choose_method_weighs_criteria_not_device_splits():
     # ((2+2+2+10)/4 = 4 < 5); with the devices one criterion it loses ((2+10)/2 = 6 > 5)
     report = {"methods": ["a", "b"], "predictions": [],
               "splits": {"unseen_device:A100": split({"a": 2.0, "b": 5.0}),
-                         "unseen_device:CPU": split({"a": 2.0, "b": 5.0}),
+                         "unseen_device:Xeon": split({"a": 2.0, "b": 5.0}),
                          "unseen_device:V100": split({"a": 2.0, "b": 5.0}),
                          "unseen_scale": split({"a": 10.0, "b": 5.0})}}
     best, means = choose_method(report)

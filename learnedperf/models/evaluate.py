@@ -6,8 +6,8 @@ the simulated runs the rule marks are trained on (so an "unseen scale" model has
 run, simulated or measured, at the tested scale). The splits are the measured-data
 counterparts of :data:`learnedperf.data.splits.SPLITS`: the measured runs available
 (vTrain's 1,440 A100 runs of 2-8 GPUs, NeuSight's 34 single-GPU fp32 runs on five GPUs — 3 training
-steps, 31 forward-only — this project's CPU steps of 1-4 processes) have no H200 or interleaved
-schedule and nothing beyond 8 devices, so the thresholds differ.
+steps, 31 forward-only — this project's steps of 1-4 processes on two CPUs, :data:`CPU_HOLDOUTS`) have
+no H200 and nothing beyond 8 devices, so the thresholds differ.
 
 Operator regressors of ``+ops`` methods are trained without the held-out device's operator
 measurements in the ``unseen_device:*`` splits (:data:`OP_DEVICE_HOLDOUT`).
@@ -43,9 +43,15 @@ def _device_is(df: Any, name: str):
     return df["device_type"].map(lambda t: _device_name_is(t, name))
 
 
-def _cpu(df: Any):
-    # the interval's device-class rule, so that "unseen CPU" and the "cpu" calibration group are one notion
-    return df["device_type"].map(device_class) == "cpu"
+#: The CPUs this project measured (``datasets/measured/``), each held out on its own as each GPU is: split
+#: suffix → the prefix of its measured device names (``cpu-<model>-<threads>t[-x<processes>]``, as
+#: :func:`learnedperf.measure.bench.describe_device` names them). A CPU in no entry is in no device split.
+CPU_HOLDOUTS = {"Xeon": "cpu-intel-xeon", "EPYC": "cpu-amd-epyc"}
+
+
+def _cpu_name_is(name: str, prefix: str) -> bool:
+    # the interval's device-class rule first, so that a held-out CPU is in the "cpu" calibration group
+    return device_class(name) == "cpu" and str(name).lower().startswith(prefix)
 
 
 #: name → (rule in words, test mask over records)
@@ -55,8 +61,10 @@ EVAL_SPLITS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "unseen_device:A100": ("test = A100 runs (any A100 variant, and synthetic devices derived from them); A100 "
                            "operator measurements left out of the operator regressor",
                            lambda df: _device_is(df, "A100")),
-    "unseen_device:CPU": ("test = CPU runs; CPU operator measurements left out of the operator regressor",
-                          lambda df: _cpu(df)),
+    **{f"unseen_device:{cpu}": (f"test = steps on the {cpu} CPU (device {prefix}-*); its operator measurements "
+                                "left out of the operator regressor, the other CPU's steps trained on",
+                                lambda df, p=prefix: df["device_type"].map(lambda t: _cpu_name_is(t, p)))
+       for cpu, prefix in CPU_HOLDOUTS.items()},
     "unseen_device:V100": ("test = V100 runs (any V100 variant, and synthetic devices derived from them); V100 "
                            "operator measurements left out of the operator regressor",
                            lambda df: _device_is(df, "V100")),
@@ -75,7 +83,7 @@ EVAL_SPLITS: dict[str, tuple[str, Callable[[Any], Any]]] = {
 
 #: split → predicate over an operator record's device name: those operator rows are left out
 OP_DEVICE_HOLDOUT: dict[str, Callable[[str], bool]] = {
-    "unseen_device:CPU": lambda name: name.lower().startswith("cpu"),
+    **{f"unseen_device:{cpu}": lambda name, p=prefix: _cpu_name_is(name, p) for cpu, prefix in CPU_HOLDOUTS.items()},
     **{f"unseen_device:{d}": lambda name, d=d: _device_name_is(name, d) for d in ("A100", "V100", "T4", "P100", "P4")},
 }
 
@@ -277,5 +285,5 @@ def format_table(report: dict, metric: str = "mape") -> str:
     return "\n".join(lines)
 
 
-__all__ = ["EVAL_SPLITS", "MEASURED_SCALE_THRESHOLD", "OP_DEVICE_HOLDOUT", "evaluate", "format_table", "merge_reports",
+__all__ = ["CPU_HOLDOUTS", "EVAL_SPLITS", "MEASURED_SCALE_THRESHOLD", "OP_DEVICE_HOLDOUT", "evaluate", "format_table", "merge_reports",
            "novelty_residuals", "test_mask"]

@@ -105,7 +105,7 @@ def pooled_conformal_quantile(groups: Any, level: float) -> float:
 
 
 def novelty_of_split(split: str) -> Optional[str]:
-    """The novelty class an evaluation split reproduces (``"unseen_device:CPU"`` → ``"unseen_device"``,
+    """The novelty class an evaluation split reproduces (``"unseen_device:Xeon"`` → ``"unseen_device"``,
     ``"unseen_sharding"`` → ``"unseen_strategy"``), or None for a split of in-domain runs (a random share)."""
     base = str(split).split(":", 1)[0]
     base = SPLIT_CLASS.get(base, base)

@@ -23,8 +23,9 @@ from .iteration import METHODS, IterationModel, needs_ops
 #: however many runs it has (NeuSight's 3 P4 steps weigh as much as vTrain's 1,440 A100 runs), and the
 #: criteria — unseen device, scale, family, strategy — weigh the same, so that adding devices does not
 #: outvote the other kinds of generalisation (a report without a split averages the others).
-CHOICE_SPLITS = ("unseen_device:A100", "unseen_device:CPU", "unseen_device:V100", "unseen_device:T4",
-                 "unseen_device:P100", "unseen_device:P4", "unseen_scale", "unseen_family", "unseen_strategy")
+CHOICE_SPLITS = ("unseen_device:A100", "unseen_device:Xeon", "unseen_device:EPYC", "unseen_device:V100",
+                 "unseen_device:T4", "unseen_device:P100", "unseen_device:P4", "unseen_scale", "unseen_family",
+                 "unseen_strategy")
 
 
 def fit_op_regressor(exclude: Optional[Callable[[str], bool]] = None, client: Any = None,
@@ -88,7 +89,7 @@ def choose_method(report: dict, splits: tuple[str, ...] = CHOICE_SPLITS) -> tupl
     """The method with the lowest mean MAPE over the criteria of ``splits`` in an evaluation report, and
     every method's mean (NaN-free splits only).
 
-    A criterion is a split name's part before ``:`` (``unseen_device:A100`` and ``unseen_device:CPU`` are
+    A criterion is a split name's part before ``:`` (``unseen_device:A100`` and ``unseen_device:Xeon`` are
     both ``unseen_device``); its MAPE is the mean over its splits, and the score the mean over criteria.
     """
     import math
