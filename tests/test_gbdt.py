@@ -258,3 +258,17 @@ def test_training_data_names_a_corrupt_or_changed_file(tmp_path):
         load_op_training_data([tmp_path / "nowhere"], neusight=False)
     with pytest.raises(InputError, match="rows_per_device"):
         load_op_training_data([d], neusight=False, rows_per_device=0)
+
+
+def test_the_pipeline_regressor_learns_accelerator_kernels_only():
+    from learnedperf.graph.ops import Op
+    from learnedperf.measure.public import default_shared_data
+    from learnedperf.models.pipeline import fit_op_regressor
+
+    if not (default_shared_data() / "neusight_ops.parquet").exists():
+        pytest.skip("../shared/data/neusight_ops.parquet not available")
+    reg = fit_op_regressor(rows_per_device=200, n_estimators=5)
+    # the repository's CPU records are loaded but left out: CPU ops keep their measured curves and roofline
+    assert {cls for cls, _kind, _dtype in reg.coverage_} == {"accelerator"}
+    op = Op("mm", "matmul", "fwd", flops=2 * 256**3, bytes=3 * 4 * 256**2, dtype="fp32", shape=(1, 256, 256, 256))
+    assert reg.covers("V100-PCIE-32GB", op) and not reg.covers("cpu-amd-epyc-1t", op)
