@@ -61,8 +61,8 @@ EVAL_SPLITS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "unseen_device:A100": ("test = A100 runs (any A100 variant, and synthetic devices derived from them); A100 "
                            "operator measurements left out of the operator regressor",
                            lambda df: _device_is(df, "A100")),
-    **{f"unseen_device:{cpu}": (f"test = steps on the {cpu} CPU (device {prefix}-*); its operator measurements "
-                                "left out of the operator regressor, the other CPU's steps trained on",
+    **{f"unseen_device:{cpu}": (f"test = steps on the {cpu} CPU (device {prefix}-*); the other CPU's steps "
+                                "trained on (no CPU operator record trains the operator regressor)",
                                 lambda df, p=prefix: df["device_type"].map(lambda t: _cpu_name_is(t, p)))
        for cpu, prefix in CPU_HOLDOUTS.items()},
     "unseen_device:V100": ("test = V100 runs (any V100 variant, and synthetic devices derived from them); V100 "
