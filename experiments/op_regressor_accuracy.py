@@ -1,10 +1,12 @@
 """Leave-one-device-out accuracy of the per-operator LightGBM regressor against the roofline.
 
 Devices: NeuSight's 5 GPUs (``shared/data/neusight_ops.parquet``, fp32 kernels) and this
-project's CPU (``datasets/measured/vm-xeon-2c/ops_cpu.parquet``, fp32/bf16/fp16). For each
-device, an :class:`~learnedperf.models.OpTimeRegressor` is trained on the *other* devices
-(at most ``--rows-per-device`` rows of each, sampled with a fixed seed) and evaluated on
-*every* record of the held-out device. The baseline is :class:`~learnedperf.cost.RooflineCost`
+project's CPUs (``datasets/measured/*/ops_cpu.parquet``: an Intel Xeon, fp32/bf16/fp16, and an AMD
+EPYC, fp32/bf16). For each device, an :class:`~learnedperf.models.OpTimeRegressor` is trained on the
+*other* devices of its class — GPUs on GPUs, as the shipped regressor learns accelerator kernels only
+(:func:`~learnedperf.models.pipeline.fit_op_regressor`), a CPU on the other CPUs — (at most
+``--rows-per-device`` rows of each, sampled with a fixed seed) and evaluated on *every* record of the
+held-out device. The baseline is :class:`~learnedperf.cost.RooflineCost`
 with its default (fitted) constants on the same rows.
 
 Prints MAPE (and median APE) of operator time per held-out device and per op kind.
@@ -39,6 +41,7 @@ from learnedperf.cost import RooflineCost
 from learnedperf.graph.ops import Op
 from learnedperf.measure.public import load_neusight_graph_nodes, neusight_graph_ops
 from learnedperf.models import OpTimeRegressor
+from learnedperf.models.dataset import device_class
 from learnedperf.models.gbdt import load_op_training_data
 from learnedperf.specs import HardwareSpec
 
@@ -106,7 +109,13 @@ def main() -> None:
     rows = []
     for held in devices:
         t1 = time.perf_counter()
-        tr = df.iloc[np.concatenate([train_idx[d] for d in devices if d != held])]
+        # the other devices of the held-out one's class: a GPU is learnt from GPUs (the shipped regressor,
+        # fit_op_regressor, learns accelerator kernels only), a CPU from the other CPUs
+        same = [d for d in devices if d != held and device_class(d) == device_class(held)]
+        if not same:
+            print(f"# held out {held}: no other {device_class(held)} device to train on", flush=True)
+            continue
+        tr = df.iloc[np.concatenate([train_idx[d] for d in same])]
         te = df[df["device_name"] == held]
         model = OpTimeRegressor(n_estimators=args.n_estimators, **params).fit_records(tr)
         true = te["time_ms"].to_numpy()
