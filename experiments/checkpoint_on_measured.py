@@ -24,8 +24,6 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def _line(name: str, rows: list[tuple[float, float, float, float]]) -> str:
     """``rows``: (measured, predicted, lower, upper) ms."""
@@ -76,10 +74,10 @@ def main(argv: list[str]) -> int:
     failed = defaultdict(int)
     for p in full:
         if "error" in p:
-            failed[p["error"].split(":")[0] + ": " + p["error"].split(":")[1].strip()[:60]] += 1
+            failed[p["error"][:90]] += 1
     if failed:
         print(f"not predicted ({sum(failed.values())} steps): "
-              + "; ".join(f"{k}... {v}" for k, v in sorted(failed.items())))
+              + "; ".join(f"{k}... ({v})" for k, v in sorted(failed.items())))
     ok = [j for j, p in enumerate(full) if "error" not in p and "error" not in fast[j]]
     keep, full, fast = [keep[j] for j in ok], [full[j] for j in ok], [fast[j] for j in ok]
     measured = [float(steps["iteration_time_ms"].iloc[i]) for i in keep]
