@@ -35,6 +35,7 @@ def main(argv: list[str]) -> int:
     import pandas as pd
 
     from learnedperf.measure.ops import OpCase, profile_op
+    from learnedperf.measure.bench import other_machine
     from learnedperf.measure.records import verify_manifest
     from learnedperf.measure.steps import STRATEGY_DEFAULTS, StepConfig, measure_step
 
@@ -44,7 +45,13 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--steps", type=int, default=8, help="step records to re-measure")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    verify_manifest(args.dataset)
+    manifest = verify_manifest(args.dataset)
+    other = other_machine(manifest)
+    if other:
+        # another CPU cannot reproduce these timings, and may not run every case (fp16 without a fast kernel)
+        print(f"error: {args.dataset} was measured on another machine ({other}); run this where it was measured",
+              file=sys.stderr)
+        return 2
 
     ops = pd.concat([pd.read_parquet(f) for f in sorted(args.dataset.glob("ops_*.parquet"))
                      if "collectives" not in f.name], ignore_index=True)

@@ -95,3 +95,13 @@ def test_committed_multi_process_steps_carry_the_measured_overlap():
         assert hw["comm_overlap"] == round(measured[str(hw["num_devices"])]["overlap"], 4)
         seen += 1
     assert seen == 94
+
+
+def test_other_machine_names_what_differs():
+    from learnedperf.measure.bench import host_descriptor, other_machine
+
+    here = host_descriptor()
+    assert other_machine({"host": here}) == ""
+    # what a data set measured elsewhere says: the differing key, its value there and here
+    text = other_machine({"host": {**here, "cpu_model": "another CPU"}})
+    assert text == f"cpu_model 'another CPU', here {here['cpu_model']!r}"

@@ -161,6 +161,15 @@ def _sync(torch, device: str) -> None:
         torch.cuda.synchronize()
 
 
+def other_machine(manifest: dict) -> str:
+    """What differs between this machine and the one a data set's ``manifest`` was measured on (CPU model,
+    logical cores, CUDA device: :func:`host_descriptor`), as ``"cpu_model 'X', here 'Y'"``; empty on the
+    same machine. New measurements join a data set only where its others were made."""
+    here, there = host_descriptor(), manifest.get("host", {})
+    return "; ".join(f"{key} {there.get(key)!r}, here {here.get(key)!r}"
+                     for key in ("cpu_model", "logical_cores", "cuda_device") if here.get(key) != there.get(key))
+
+
 def _median_time_s(torch, device: str, fn: Callable[[], Any], reps: int) -> float:
     """Median seconds of ``reps`` calls of ``fn`` after one untimed call."""
     import statistics

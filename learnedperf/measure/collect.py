@@ -396,7 +396,7 @@ def add_missing_steps(out: str | Path, *, command: str = "", dry_run: bool = Fal
     """
     import pandas as pd
 
-    from .bench import host_descriptor
+    from .bench import other_machine
     from .records import run_id, sha256_file, verify_manifest
     from .steps import run_dict, step_grid
 
@@ -419,11 +419,10 @@ def add_missing_steps(out: str | Path, *, command: str = "", dry_run: bool = Fal
     if dry_run or not missing:
         return [{"step": c.label()} for c, _ in missing]
     # listing is possible anywhere; measuring only on the machine whose device and links the records carry
-    here, there = host_descriptor(), manifest.get("host", {})
-    for key in ("cpu_model", "logical_cores", "cuda_device"):
-        if here.get(key) != there.get(key):
-            raise InputError(f"{out}: measured on another machine ({key} {there.get(key)!r}, here {here.get(key)!r}); "
-                             "new steps must be measured where the others were")
+    other = other_machine(manifest)
+    if other:
+        raise InputError(f"{out}: measured on another machine ({other}); new steps must be measured where the "
+                         "others were")
 
     quiet: dict = {"threshold_share": QUIET_SHARE, "steps": [], "remeasured": [], "contended": []}
     quiet["before"] = wait_until_quiet()

@@ -28,16 +28,15 @@ def attach_overlap(directory: str | Path, command: str = "", loops: int = 7, thr
     """
     import pandas as pd
 
-    from .bench import bench_overlap, host_descriptor
+    from .bench import bench_overlap, other_machine
     from .records import amend_steps, verify_manifest
 
     directory = Path(directory)
     manifest = verify_manifest(directory)
-    here, there = host_descriptor(), manifest.get("host", {})
-    for key in ("cpu_model", "logical_cores", "cuda_device"):
-        if here.get(key) != there.get(key):
-            raise InputError(f"{directory}: measured on another machine ({key} {there.get(key)!r}, here "
-                             f"{here.get(key)!r}); the overlap must be measured where the steps were")
+    other = other_machine(manifest)
+    if other:
+        raise InputError(f"{directory}: measured on another machine ({other}); the overlap must be measured where "
+                         "the steps were")
     worlds = sorted({int(w) for f in directory.glob("steps*.parquet")
                      for w in pd.read_parquet(f, columns=["world_size"]).world_size if int(w) > 1})
     if not worlds:
