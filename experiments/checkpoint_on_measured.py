@@ -39,7 +39,6 @@ def _line(name: str, rows: list[tuple[float, float, float, float]]) -> str:
 def main(argv: list[str]) -> int:
     import pandas as pd
 
-    from learnedperf.checkpoint import default_checkpoint_dir
     from learnedperf.measure.records import verify_manifest
     from learnedperf.predict import Predictor
 
@@ -54,14 +53,13 @@ def main(argv: list[str]) -> int:
         return 2
     steps = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
     predictor = Predictor.load(args.checkpoint)
-    ck_dir = args.checkpoint or default_checkpoint_dir()
-    manifest = json.loads((Path(ck_dir) / "manifest.json").read_text(encoding="utf-8"))
+    manifest = predictor.checkpoint.manifest
     seen = set((manifest.get("interval", {}).get("domain") or {}).get("devices", []))
     runs = [json.loads(r) for r in steps["run"]]
     names = [r["hardware"]["device"]["name"] for r in runs]
     in_domain = sorted({n for n in names if n in seen})
     print(f"{args.dataset}: {len(runs)} measured steps on {sorted(set(names))}")
-    print(f"checkpoint {Path(ck_dir).name} ({manifest.get('method')}): its measured training runs covered "
+    print(f"checkpoint {predictor.checkpoint.path.name} ({manifest.get('method')}): its measured training runs covered "
           f"{in_domain or 'none of these devices'}")
     keep = [i for i, n in enumerate(names) if n not in seen] if in_domain and len(in_domain) < len(set(names)) \
         else list(range(len(runs)))

@@ -48,9 +48,8 @@ def fit_op_regressor(exclude: Optional[Callable[[str], bool]] = None, client: An
         seed: subsample and LightGBM seed.
         **params: LightGBM parameters.
     """
-    from .gbdt import OpTimeRegressor, load_op_training_data
-
     from .dataset import device_class
+    from .gbdt import OpTimeRegressor, load_op_training_data
 
     df = load_op_training_data(rows_per_device=rows_per_device, seed=seed)
     df = df[(df["device_name"].astype(str).map(device_class) != "cpu").to_numpy()]

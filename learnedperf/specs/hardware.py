@@ -218,7 +218,7 @@ class HardwareSpec(Spec):
 
 def resolve_hardware(value: Any, prefix: str = "hardware") -> HardwareSpec:
     """Resolve the run format's ``hardware`` object (device name / inline device / cluster name)."""
-    from ..catalog import get_cluster, get_device
+    from ..catalog import get_cluster, get_device, reference_cluster
 
     if isinstance(value, HardwareSpec):
         return value
@@ -262,8 +262,6 @@ def resolve_hardware(value: Any, prefix: str = "hardware") -> HardwareSpec:
     n, per_node = resolved["num_devices"], resolved["devices_per_node"]
     spans_nodes = isinstance(n, int) and isinstance(per_node, int) and per_node >= 1 and n > per_node
     if links_from is None and cluster_name is None and spans_nodes and resolved["inter_node_bandwidth_GBps"] is None:
-        from ..catalog import reference_cluster
-
         links_from = reference_cluster(device.name)
     if links_from is not None:
         ref = get_cluster(links_from, field=f"{prefix}.links_from").get("inter_node_bandwidth_GBps")
