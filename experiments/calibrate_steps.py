@@ -7,19 +7,33 @@ host dispatch, which small kernels cannot hide; isolated-kernel timings include
 a synchronisation floor instead). They are fit here jointly on a deterministic
 quarter of vTrain's 1,440 runs (every 4th row) and the 10 SC21 runs, by grid
 search on the sum of the two MAPEs, and stored with provenance in
-``learnedperf/cost/data/params.json``. Usage::
+``learnedperf/cost/data/params.json``.
+
+``--measured`` fits instead the two constants of devices described by measurement (those that
+carry kernel curves: the project's own CPU data sets in ``datasets/measured``), whose GPU
+counterparts are shares of a data sheet's peak and bandwidth: ``curve_efficiency`` (the share of
+an isolated kernel's measured rate a GEMM or attention keeps in a step) and
+``curve_memory_efficiency`` (the share of the measured streaming bandwidth a memory-bound op
+reaches). They are fit on the **single-process** transformer steps of every data set, by grid
+search on the sum of the per-data-set MAPEs (each device weighs the same); the multi-process
+steps stay out of the fit and are reported, as is each data set fitted alone and scored on the
+others (how well the constants carry to a CPU they were not fitted on). Usage::
 
     python experiments/calibrate_steps.py [--data ../shared/data] [--dry-run]
+    python experiments/calibrate_steps.py --measured [DATASET_DIR ...] [--dry-run]
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
+
+import numpy as np
 
 from learnedperf.cost import RooflineCost, default_params
 from learnedperf.cost.params import write_params
@@ -47,11 +61,97 @@ def sc21_mape(params) -> float:
     return 100 * statistics.fmean(errs)
 
 
+ROOT = Path(__file__).resolve().parents[1]
+#: the architectures the simulator models (a data set's MLP and CNN steps are not transformer steps)
+SIMULATED_ARCHS = ("gpt", "llama", "bert", "moe")
+CURVE_EFFICIENCY_GRID = np.round(np.arange(0.5, 1.2001, 0.025), 3)
+CURVE_MEMORY_GRID = np.round(np.arange(0.1, 1.2001, 0.05), 3)
+
+
+def measured_steps(directory: Path) -> list[tuple[RunSpec, float, int]]:
+    """(run, measured ms, world size) of every transformer step of a measured data set."""
+    import pandas as pd
+
+    from learnedperf.measure.records import verify_manifest
+
+    verify_manifest(directory)
+    out = []
+    for path in sorted(directory.glob("steps*.parquet")):
+        for r in pd.read_parquet(path).itertuples():
+            if r.arch in SIMULATED_ARCHS:
+                out.append((RunSpec.from_dict(json.loads(r.run)), float(r.iteration_time_ms), int(r.world_size)))
+    return out
+
+
+def fit_measured(dirs: list[Path], dry_run: bool) -> int:
+    """Fit ``curve_efficiency`` and ``curve_memory_efficiency`` on the single-process steps of ``dirs``."""
+    sets = {d.name: measured_steps(d) for d in dirs}
+    sets = {k: v for k, v in sets.items() if v}
+    if not sets:
+        print("no data set with transformer steps", file=sys.stderr)
+        return 2
+    base = default_params()
+    grid = list(itertools.product(CURVE_EFFICIENCY_GRID, CURVE_MEMORY_GRID))
+    # MAPE (%) per (grid point, data set, single-process or not): one simulation of each step per point
+    table: dict[tuple, dict[tuple[str, bool], float]] = {}
+    for eta, mem in grid:
+        p = replace(base, curve_efficiency=float(eta), curve_memory_efficiency=float(mem))
+        row = {}
+        for name, steps in sets.items():
+            for single in (True, False):
+                sub = [(s, m) for s, m, w in steps if (w == 1) == single]
+                if sub:
+                    row[(name, single)] = mape(sub, p)
+        table[(eta, mem)] = row
+
+    def fit_on(names) -> tuple[float, float]:
+        return min(grid, key=lambda k: sum(table[k][(n, True)] for n in names))
+
+    def all_steps(key, name) -> float:
+        n1 = sum(1 for *_, w in sets[name] if w == 1)
+        n2 = len(sets[name]) - n1
+        return (table[key][(name, True)] * n1 + table[key].get((name, False), 0.0) * n2) / (n1 + n2)
+
+    names = sorted(sets)
+    eta, mem = fit_on(names)
+    print(f"curve_efficiency={eta:g} curve_memory_efficiency={mem:g}, fit on the single-process steps of "
+          f"{', '.join(names)}")
+    for n in names:
+        singles = sum(1 for *_, w in sets[n] if w == 1)
+        print(f"  {n}: single-process (fit) {table[(eta, mem)][(n, True)]:5.1f}% over {singles} steps; "
+              f"multi-process (held out) {table[(eta, mem)].get((n, False), float('nan')):5.1f}% over "
+              f"{len(sets[n]) - singles}")
+    if len(names) > 1:
+        print("each data set fitted alone, scored on every step of the others:")
+        for n in names:
+            k = fit_on([n])
+            others = "; ".join(f"{o} {all_steps(k, o):5.1f}% (its own fit {all_steps(fit_on([o]), o):5.1f}%)"
+                               for o in names if o != n)
+            print(f"  fit on {n}: {k[0]:g}, {k[1]:g} -> {others}")
+    if not dry_run:
+        singles = sum(1 for v in sets.values() for *_, w in v if w == 1)
+        how = (f"fit by experiments/calibrate_steps.py --measured on the {singles} single-process transformer "
+               f"steps of datasets/measured/{{{','.join(names)}}} (grid search on the sum of per-data-set MAPEs: "
+               + " + ".join(f"{table[(eta, mem)][(n, True)]:.2f}%" for n in names) + ")")
+        write_params({"curve_efficiency": (float(eta), how), "curve_memory_efficiency": (float(mem), how)})
+        print("stored in learnedperf/cost/data/params.json")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", type=Path, default=default_shared_data())
     ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--measured", nargs="*", type=Path, default=None, metavar="DATASET_DIR",
+                    help="fit the measured-device constants on these data sets (default: all of datasets/measured)")
     args = ap.parse_args(argv)
+    if args.measured is not None:
+        dirs = args.measured or sorted(p for p in (ROOT / "datasets" / "measured").iterdir() if p.is_dir())
+        missing = [str(d) for d in dirs if not (d / "manifest.json").is_file()]
+        if missing:
+            print(f"not a measured data set (no manifest.json): {', '.join(missing)}", file=sys.stderr)
+            return 2
+        return fit_measured(dirs, args.dry_run)
     rows = load_vtrain(args.data)[::4]
     runs = [(RunSpec.from_dict(r.run), r.iteration_time_ms) for r in rows]
     base = default_params()

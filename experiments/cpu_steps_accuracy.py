@@ -5,14 +5,16 @@
    streaming-bandwidth efficiency, GEMM and attention efficiencies relative to the peaks the
    micro-benchmarks measured.
 2. Every measured transformer **step** (``steps*.parquet``) is simulated on the device
-   descriptor and links recorded in its run, with those constants.
-3. The whole-step constants (per-op floor, memory and GEMM efficiencies) are then refit on the
-   **single-process** steps only, as ``experiments/calibrate_steps.py`` does for GPUs, and every
-   step is simulated again: the multi-process steps are held out of both fits.
+   descriptor and links recorded in its run (with its kernel curves, at their isolated rate), with
+   those constants.
+3. The whole-step constants of a measured device (per-op floor, the shares of the kernel
+   curves' rate and of the measured bandwidth kept in a step) are then refit on this data set's
+   **single-process** steps only, and every step is simulated again: the multi-process steps are
+   held out of both fits.
 4. The script prints the MAPE and mean bias per strategy kind, single-process and
    multi-process apart, per precision (fp32, bf16 under torch.autocast), and the worst runs, for
-   both sets of constants and for the shipped constants fitted on GPUs alone (what the simulator
-   predicts for a CPU it has never measured).
+   both sets of constants and for the shipped constants (whose measured-device constants
+   ``experiments/calibrate_steps.py --measured`` fits on every CPU data set's single-process steps).
 
 Usage: ``python experiments/cpu_steps_accuracy.py [DATASET_DIR ...]`` (default: every
 directory under ``datasets/measured/`` that has both kinds of record).
@@ -31,9 +33,8 @@ SIMULATED_ARCHS = ("gpt", "llama", "bert", "moe")
 #: whole-step constants refit on single-process steps, and their grids
 STEP_GRIDS = {
     "kernel_floor_us": [0.0, 10, 20, 30, 40, 50, 60, 80, 100, 120, 150, 200, 250, 300, 400, 500, 600, 800],
-    "memory_efficiency": [0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.2],
-    "gemm_efficiency_fp32": [0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.7, 0.8],
-    "gemm_efficiency_tensor": [0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6],
+    "curve_memory_efficiency": [0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6, 0.8, 1.0, 1.2],
+    "curve_efficiency": [0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 1.0, 1.1, 1.2],
 }
 
 
@@ -64,7 +65,11 @@ def evaluate(directory: Path) -> list[dict]:
                                                            for k, v in report["mape_by_kind"].items()))
     if len(fits) != 1:
         raise SystemExit(f"{directory}: expected the operator records of one device, found {len(fits)}")
+    # the steps' runs carry kernel curves (the op records' descriptor does not), so their memory-bound ops
+    # run at curve_memory_efficiency of the measured bandwidth: the share the operator fit found for it;
+    # their GEMMs on the curves at the isolated rate (curve_efficiency 1)
     op_params = next(iter(fits.values()))
+    op_params = replace(op_params, curve_memory_efficiency=op_params.memory_efficiency, curve_efficiency=1.0)
     runs = [(RunSpec.from_dict(json.loads(rec["run"])), rec) for rec in steps.to_dict("records")
             if rec["arch"] in SIMULATED_ARCHS]
 
@@ -93,7 +98,7 @@ def evaluate(directory: Path) -> list[dict]:
           + ", ".join(f"{k}={getattr(step_params, k):g}" for k in STEP_GRIDS) + f" (fit MAPE {best:.1%})")
     from learnedperf.cost.params import default_params
 
-    for label, params in (("shipped GPU constants", default_params()), ("operator fit only", op_params),
+    for label, params in (("shipped constants", default_params()), ("operator fit only", op_params),
                           ("with whole-step fit", step_params)):
         for p, (spec, rec) in zip(predict(params, runs), runs):
             prec = spec.strategy.precision + (" autocast" if spec.strategy.autocast else "")
@@ -144,7 +149,7 @@ def main(argv: list[str]) -> int:
         return 1
     for d in dirs:
         rows = evaluate(d)
-        for label in ("shipped GPU constants", "operator fit only", "with whole-step fit"):
+        for label in ("shipped constants", "operator fit only", "with whole-step fit"):
             sub = [r for r in rows if r["fit"] == label]
             print(f"{d.name}, {label}: {len(sub)} transformer steps simulated")
             report(sub)

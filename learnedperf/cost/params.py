@@ -33,6 +33,11 @@ class CostParams:
         link_efficiency_intra / link_efficiency_inter: fraction of data-sheet link bandwidth a
             collective reaches (NCCL bus bandwidth / link bandwidth).
         alpha_intra_us / alpha_inter_us: per-step latency of a ring collective inside / across nodes.
+        curve_efficiency: on a device described by measurement (one that carries kernel curves), the
+            share of an isolated kernel's measured rate a GEMM or fused attention keeps inside a
+            training step. The GEMM efficiencies above are shares of a *data-sheet* peak and do not apply.
+        curve_memory_efficiency: on such a device, the share of its *measured* streaming bandwidth
+            a memory-bound op reaches inside a step (``memory_efficiency`` is a share of a data sheet's).
     """
 
     gemm_efficiency_tensor: float = 0.8
@@ -48,6 +53,8 @@ class CostParams:
     link_efficiency_inter: float = 0.8
     alpha_intra_us: float = 5.0
     alpha_inter_us: float = 10.0
+    curve_efficiency: float = 1.0
+    curve_memory_efficiency: float = 1.0
 
     def to_dict(self) -> dict:
         """Plain dict of the constants."""
