@@ -83,17 +83,18 @@ def measured_steps(directory: Path) -> list[tuple[RunSpec, float, int]]:
     return out
 
 
-def fit_measured(dirs: list[Path], dry_run: bool) -> int:
-    """Fit ``curve_efficiency`` and ``curve_memory_efficiency`` on the single-process steps of ``dirs``."""
-    sets = {d.name: measured_steps(d) for d in dirs}
-    sets = {k: v for k, v in sets.items() if v}
-    if not sets:
-        print("no data set with transformer steps", file=sys.stderr)
-        return 2
-    base = default_params()
-    grid = list(itertools.product(CURVE_EFFICIENCY_GRID, CURVE_MEMORY_GRID))
-    # MAPE (%) per (grid point, data set, single-process or not): one simulation of each step per point
-    table: dict[tuple, dict[tuple[str, bool], float]] = {}
+def mape_table(sets: dict[str, list[tuple[RunSpec, float, int]]], grid, base) -> dict:
+    """MAPE (%) of the simulator on each data set's single- and multi-process steps, per grid point.
+
+    Args:
+        sets: per data set name, its ``(run, measured ms, world size)`` steps.
+        grid: ``(curve_efficiency, curve_memory_efficiency)`` pairs.
+        base: the other constants.
+
+    Returns:
+        ``{(eta, mem): {(name, single_process): MAPE}}`` (a kind a data set lacks is absent).
+    """
+    table = {}
     for eta, mem in grid:
         p = replace(base, curve_efficiency=float(eta), curve_memory_efficiency=float(mem))
         row = {}
@@ -103,9 +104,26 @@ def fit_measured(dirs: list[Path], dry_run: bool) -> int:
                 if sub:
                     row[(name, single)] = mape(sub, p)
         table[(eta, mem)] = row
+    return table
 
-    def fit_on(names) -> tuple[float, float]:
-        return min(grid, key=lambda k: sum(table[k][(n, True)] for n in names))
+
+def best_on(table: dict, names) -> tuple[float, float]:
+    """The grid point of ``table`` with the least sum of single-process MAPEs over data sets ``names``
+    (each device weighs the same, whatever its number of steps)."""
+    return min(table, key=lambda k: sum(table[k][(n, True)] for n in names))
+
+
+def fit_measured(dirs: list[Path], dry_run: bool) -> int:
+    """Fit ``curve_efficiency`` and ``curve_memory_efficiency`` on the single-process steps of ``dirs``."""
+    sets = {d.name: measured_steps(d) for d in dirs}
+    # only single-process steps fit; a data set without any is left out, and said so
+    for name in [k for k, v in sets.items() if not any(w == 1 for *_, w in v)]:
+        print(f"{name}: no single-process transformer step; left out of the fit", file=sys.stderr)
+        del sets[name]
+    if not sets:
+        print("no data set with single-process transformer steps", file=sys.stderr)
+        return 2
+    table = mape_table(sets, list(itertools.product(CURVE_EFFICIENCY_GRID, CURVE_MEMORY_GRID)), default_params())
 
     def all_steps(key, name) -> float:
         n1 = sum(1 for *_, w in sets[name] if w == 1)
@@ -113,7 +131,7 @@ def fit_measured(dirs: list[Path], dry_run: bool) -> int:
         return (table[key][(name, True)] * n1 + table[key].get((name, False), 0.0) * n2) / (n1 + n2)
 
     names = sorted(sets)
-    eta, mem = fit_on(names)
+    eta, mem = best_on(table, names)
     print(f"curve_efficiency={eta:g} curve_memory_efficiency={mem:g}, fit on the single-process steps of "
           f"{', '.join(names)}")
     for n in names:
@@ -124,8 +142,8 @@ def fit_measured(dirs: list[Path], dry_run: bool) -> int:
     if len(names) > 1:
         print("each data set fitted alone, scored on every step of the others:")
         for n in names:
-            k = fit_on([n])
-            others = "; ".join(f"{o} {all_steps(k, o):5.1f}% (its own fit {all_steps(fit_on([o]), o):5.1f}%)"
+            k = best_on(table, [n])
+            others = "; ".join(f"{o} {all_steps(k, o):5.1f}% (its own fit {all_steps(best_on(table, [o]), o):5.1f}%)"
                                for o in names if o != n)
             print(f"  fit on {n}: {k[0]:g}, {k[1]:g} -> {others}")
     if not dry_run:
