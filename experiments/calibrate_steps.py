@@ -38,6 +38,7 @@ import numpy as np
 from learnedperf.cost import RooflineCost, default_params
 from learnedperf.cost.params import write_params
 from learnedperf.measure.public import default_shared_data, load_sc21, load_vtrain
+from learnedperf.measure.steps import TRANSFORMER_ARCHS
 from learnedperf.simulate import simulate
 from learnedperf.specs import RunSpec
 
@@ -62,8 +63,6 @@ def sc21_mape(params) -> float:
 
 
 ROOT = Path(__file__).resolve().parents[1]
-#: the architectures the simulator models (a data set's MLP and CNN steps are not transformer steps)
-SIMULATED_ARCHS = ("gpt", "llama", "bert", "moe")
 CURVE_EFFICIENCY_GRID = np.round(np.arange(0.5, 1.2001, 0.025), 3)
 CURVE_MEMORY_GRID = np.round(np.arange(0.1, 1.2001, 0.05), 3)
 
@@ -78,7 +77,7 @@ def measured_steps(directory: Path) -> list[tuple[RunSpec, float, int]]:
     out = []
     for path in sorted(directory.glob("steps*.parquet")):
         for r in pd.read_parquet(path).itertuples():
-            if r.arch in SIMULATED_ARCHS:
+            if r.arch in TRANSFORMER_ARCHS:  # the simulator skips MLP and CNN steps
                 out.append((RunSpec.from_dict(json.loads(r.run)), float(r.iteration_time_ms), int(r.world_size)))
     return out
 

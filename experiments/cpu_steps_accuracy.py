@@ -29,7 +29,6 @@ from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SIMULATED_ARCHS = ("gpt", "llama", "bert", "moe")
 #: whole-step constants refit on single-process steps, and their grids
 STEP_GRIDS = {
     "kernel_floor_us": [0.0, 10, 20, 30, 40, 50, 60, 80, 100, 120, 150, 200, 250, 300, 400, 500, 600, 800],
@@ -45,6 +44,7 @@ def evaluate(directory: Path) -> list[dict]:
     from learnedperf.cost import RooflineCost
     from learnedperf.cost.calibrate import fit_device_params
     from learnedperf.measure.records import verify_manifest
+    from learnedperf.measure.steps import TRANSFORMER_ARCHS
     from learnedperf.simulate import simulate
     from learnedperf.specs import RunSpec
 
@@ -71,7 +71,7 @@ def evaluate(directory: Path) -> list[dict]:
     op_params = next(iter(fits.values()))
     op_params = replace(op_params, curve_memory_efficiency=op_params.memory_efficiency, curve_efficiency=1.0)
     runs = [(RunSpec.from_dict(json.loads(rec["run"])), rec) for rec in steps.to_dict("records")
-            if rec["arch"] in SIMULATED_ARCHS]
+            if rec["arch"] in TRANSFORMER_ARCHS]
 
     def predict(params, subset):
         return [simulate(spec, cost=RooflineCost(spec.hardware, params)).iteration_time_s * 1e3

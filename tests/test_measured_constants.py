@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from learnedperf.cost import RooflineCost, default_params
+from learnedperf.measure.steps import TRANSFORMER_ARCHS
 from learnedperf.simulate import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,7 +32,7 @@ def test_measured_steps_reads_the_transformer_steps_with_their_world_size(calibr
 
     steps = calibrate_steps.measured_steps(MEASURED / "vm-epyc-2c")
     raw = pd.read_parquet(MEASURED / "vm-epyc-2c" / "steps_cpu.parquet")
-    transformer = raw[raw.arch.isin(calibrate_steps.SIMULATED_ARCHS)]
+    transformer = raw[raw.arch.isin(TRANSFORMER_ARCHS)]
     # every transformer step, none of the MLP / CNN ones, each with its own world size and time
     assert len(steps) == len(transformer) < len(raw)
     assert sorted(w for *_, w in steps) == sorted(transformer.world_size.astype(int))
