@@ -33,23 +33,14 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 
 from learnedperf.cost import RooflineCost, default_params
 from learnedperf.cost.params import write_params
 from learnedperf.measure.public import default_shared_data, load_sc21, load_vtrain
 from learnedperf.measure.steps import TRANSFORMER_ARCHS
 from learnedperf.simulate import simulate
+from learnedperf.simulate.calibrate import best_on, fit_measured_device_constants, steps_mape
 from learnedperf.specs import RunSpec
-
-
-def mape(runs, params) -> float:
-    """MAPE (%) of simulated vs measured iteration time with ``params``."""
-    errs = []
-    for spec, meas in runs:
-        t = simulate(spec, cost=RooflineCost(spec.hardware, params)).iteration_time_s * 1e3
-        errs.append(abs(t / meas - 1))
-    return 100 * statistics.fmean(errs)
 
 
 def sc21_mape(params) -> float:
@@ -63,8 +54,6 @@ def sc21_mape(params) -> float:
 
 
 ROOT = Path(__file__).resolve().parents[1]
-CURVE_EFFICIENCY_GRID = np.round(np.arange(0.5, 1.2001, 0.025), 3)
-CURVE_MEMORY_GRID = np.round(np.arange(0.1, 1.2001, 0.05), 3)
 
 
 def measured_steps(directory: Path) -> list[tuple[RunSpec, float, int]]:
@@ -82,38 +71,9 @@ def measured_steps(directory: Path) -> list[tuple[RunSpec, float, int]]:
     return out
 
 
-def mape_table(sets: dict[str, list[tuple[RunSpec, float, int]]], grid, base) -> dict:
-    """MAPE (%) of the simulator on each data set's single- and multi-process steps, per grid point.
-
-    Args:
-        sets: per data set name, its ``(run, measured ms, world size)`` steps.
-        grid: ``(curve_efficiency, curve_memory_efficiency)`` pairs.
-        base: the other constants.
-
-    Returns:
-        ``{(eta, mem): {(name, single_process): MAPE}}`` (a kind a data set lacks is absent).
-    """
-    table = {}
-    for eta, mem in grid:
-        p = replace(base, curve_efficiency=float(eta), curve_memory_efficiency=float(mem))
-        row = {}
-        for name, steps in sets.items():
-            for single in (True, False):
-                sub = [(s, m) for s, m, w in steps if (w == 1) == single]
-                if sub:
-                    row[(name, single)] = mape(sub, p)
-        table[(eta, mem)] = row
-    return table
-
-
-def best_on(table: dict, names) -> tuple[float, float]:
-    """The grid point of ``table`` with the least sum of single-process MAPEs over data sets ``names``
-    (each device weighs the same, whatever its number of steps)."""
-    return min(table, key=lambda k: sum(table[k][(n, True)] for n in names))
-
-
 def fit_measured(dirs: list[Path], dry_run: bool) -> int:
-    """Fit ``curve_efficiency`` and ``curve_memory_efficiency`` on the single-process steps of ``dirs``."""
+    """Fit ``curve_efficiency`` and ``curve_memory_efficiency`` on the single-process steps of ``dirs``
+    (:func:`learnedperf.simulate.calibrate.fit_measured_device_constants`) and print how they carry."""
     sets = {d.name: measured_steps(d) for d in dirs}
     # only single-process steps fit; a data set without any is left out, and said so
     for name in [k for k, v in sets.items() if not any(w == 1 for *_, w in v)]:
@@ -122,7 +82,7 @@ def fit_measured(dirs: list[Path], dry_run: bool) -> int:
     if not sets:
         print("no data set with single-process transformer steps", file=sys.stderr)
         return 2
-    table = mape_table(sets, list(itertools.product(CURVE_EFFICIENCY_GRID, CURVE_MEMORY_GRID)), default_params())
+    params, table = fit_measured_device_constants(sets)
 
     def all_steps(key, name) -> float:
         n1 = sum(1 for *_, w in sets[name] if w == 1)
@@ -130,7 +90,7 @@ def fit_measured(dirs: list[Path], dry_run: bool) -> int:
         return (table[key][(name, True)] * n1 + table[key].get((name, False), 0.0) * n2) / (n1 + n2)
 
     names = sorted(sets)
-    eta, mem = best_on(table, names)
+    eta, mem = params.curve_efficiency, params.curve_memory_efficiency
     print(f"curve_efficiency={eta:g} curve_memory_efficiency={mem:g}, fit on the single-process steps of "
           f"{', '.join(names)}")
     for n in names:
@@ -177,7 +137,7 @@ def main(argv=None) -> int:
     best = None
     for eff, floor in itertools.product(grid_eff, grid_floor):
         p = replace(base, gemm_efficiency_tensor=eff, kernel_launch_us=0.0, kernel_floor_us=floor)
-        vt, sc = mape(runs, p), sc21_mape(p)
+        vt, sc = steps_mape(runs, p), sc21_mape(p)
         print(f"  eff={eff:.2f} floor={floor:4.0f} us: vTrain subset {vt:5.2f}%  SC21 {sc:5.2f}%", flush=True)
         if best is None or vt + sc < best[0]:
             best = (vt + sc, eff, floor, vt, sc)

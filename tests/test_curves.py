@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -124,6 +125,22 @@ def test_cost_model_times_ops_on_the_curves_in_closed_form():
     assert adam.name == "optimizer.adam"
     assert cost.compute_time_s(adam) == pytest.approx(100e-6 + 1e6 * 4e-9, rel=1e-12)
     assert cost.compute_time_s(sgd) == pytest.approx(2e-6 + sgd.bytes / (0.5 * 15e9), rel=1e-12)
+
+
+def test_without_measured_device_constants_curves_take_the_dtypes_data_sheet_efficiency():
+    """The shipped constants set no curve_efficiency: a curve's rate is scaled by the GEMM efficiency of the
+    op's dtype (η_tensor 0.5 for bf16, η_fp32 0.8 here) and the bandwidth by memory_efficiency."""
+    cost = RooflineCost(HardwareSpec.parse({"device": {**CPU_LIKE, "kernel_curves": CURVES}, "num_devices": 1,
+                                            "devices_per_node": 1}),
+                        replace(PARAMS, curve_efficiency=None, curve_memory_efficiency=None))
+    m, n, k = 128, 256, 512
+    for dtype, rate, eta in (("bf16", 1e12, 0.5), ("fp32", 0.16e12, 0.8)):
+        op = Op("fc", "matmul", "fwd", 2.0 * m * n * k, 2.0 * (m * k + k * n + m * n), dtype, (1, m, n, k))
+        c = CURVES["matmul"][dtype]
+        want = c["overhead_us"] * 1e-6 + op.flops / (rate * eta * ramp((m, n, k), c["dim_half"]))
+        assert cost.compute_time_s(op) == pytest.approx(want, rel=1e-12)
+    gelu = Op("gelu", "elementwise", "fwd", 1e6, 8e6, "fp32", (1000, 1000))
+    assert cost.compute_time_s(gelu) == pytest.approx(2e-6 + 8e6 / 15e9, rel=1e-12)  # memory_efficiency 1.0
 
 
 def test_cost_model_without_curves_is_unchanged():

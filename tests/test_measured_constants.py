@@ -1,5 +1,6 @@
 """The whole-step constants of devices described by measurement (``curve_efficiency``,
-``curve_memory_efficiency``) and their fit, ``experiments/calibrate_steps.py --measured``."""
+``curve_memory_efficiency``) and their fit (:mod:`learnedperf.simulate.calibrate`, run on the data sets
+by ``experiments/calibrate_steps.py --measured``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import pytest
 
 from learnedperf.cost import RooflineCost, default_params
 from learnedperf.measure.steps import TRANSFORMER_ARCHS
+from learnedperf.errors import InputError
 from learnedperf.simulate import simulate
+from learnedperf.simulate.calibrate import fit_measured_device_constants
 
 ROOT = Path(__file__).resolve().parents[1]
 MEASURED = ROOT / "datasets" / "measured"
@@ -52,10 +55,26 @@ def test_the_fit_recovers_constants_that_produced_the_times(calibrate_steps):
         sets[name] = [(run, simulate(run, cost=RooflineCost(run.hardware, truth)).iteration_time_s * 1e3, w)
                       for run, _ms, w in pick]
     grid = [(eta, mem) for eta in (0.6, 0.7, 0.8) for mem in (0.35, 0.45, 0.55)]
-    table = calibrate_steps.mape_table(sets, grid, default_params())
-    assert calibrate_steps.best_on(table, sorted(sets)) == (0.7, 0.45)
+    params, table = fit_measured_device_constants(sets, grid=grid)
+    assert (params.curve_efficiency, params.curve_memory_efficiency) == (0.7, 0.45)
+    # the other constants are the shipped ones
+    assert params.kernel_floor_us == default_params().kernel_floor_us
     assert table[(0.7, 0.45)][("vm-epyc-2c", True)] == pytest.approx(0.0, abs=1e-9)
     assert table[(0.7, 0.45)][("vm-xeon-2c", False)] == pytest.approx(0.0, abs=1e-9)
     # each constant moves the times: a wrong one leaves an error on both devices
     for wrong in ((0.6, 0.45), (0.7, 0.55)):
         assert all(table[wrong][(n, True)] > 1.0 for n in sets)
+
+
+def test_the_fit_refuses_what_it_cannot_fit_on(calibrate_steps):
+    steps = calibrate_steps.measured_steps(MEASURED / "vm-epyc-2c")
+    multi = [s for s in steps if s[2] > 1][:2]
+    with pytest.raises(InputError, match="no single-process step"):
+        fit_measured_device_constants({"epyc": multi}, grid=[(0.8, 0.35)])
+    # a GPU run has no kernel curves: the constants would act on nothing, and the error says which device
+    from learnedperf.specs import RunSpec
+
+    gpu = RunSpec.from_dict({"model": "gpt3-1.3b", "hardware": {"device": "A100-SXM4-80GB", "num_devices": 1},
+                             "strategy": {"global_batch_size": 1}})
+    with pytest.raises(InputError, match="A100-SXM4-80GB, which has no kernel curves"):
+        fit_measured_device_constants({"gpu": [(gpu, 100.0, 1)]}, grid=[(0.8, 0.35)])

@@ -364,3 +364,30 @@ def test_merge_reports_refuses_other_training_sets():
     b["splits"]["unseen_scale"]["train"] = {"simulated": 1000, "measured": 800}  # another --limit-simulated
     with pytest.raises(InputError, match="'unseen_scale': the reports have different training sets"):
         merge_reports([a, b])
+
+
+def test_a_cpu_split_refits_the_measured_device_constants_without_that_cpu(data):
+    """refit_measured_constants on the EPYC split: the measured-device constants are fitted on the Xeon's
+    single-process steps alone, every CPU step is simulated with them (each step simulated again here), and
+    every other run is left as it was."""
+    from learnedperf.cost import RooflineCost, default_params
+    from learnedperf.models.dataset import load_runs
+    from learnedperf.models.evaluate import refit_measured_constants, test_mask
+
+    runs = load_runs(data)
+    test = test_mask(runs.records, "unseen_device:EPYC")
+    refit, fitted = refit_measured_constants(runs, test)
+    assert list(fitted["fit_on"]) == ["datasets/measured/vm-xeon-2c"] and fitted["fit_on"]["datasets/measured/vm-xeon-2c"] > 0
+    params = replace(default_params(), curve_efficiency=fitted["curve_efficiency"],
+                     curve_memory_efficiency=fitted["curve_memory_efficiency"])
+    cpu = np.array([s.hardware.device.kernel_curves is not None for s in runs.specs])
+    assert cpu[test].all() and cpu.sum() > test.sum()  # the EPYC's steps and the Xeon's
+    for i in np.flatnonzero(cpu)[::7]:
+        spec = runs.specs[i]
+        want = simulate(spec, cost=RooflineCost(spec.hardware, params)).iteration_time_s * 1e3
+        assert refit.sim_ms[i] == pytest.approx(want, rel=1e-12)
+        assert refit.records["sim_iteration_time_ms"].iat[i] == pytest.approx(want, rel=1e-12)
+        assert refit.records["iteration_time_ms"].iat[i] == runs.records["iteration_time_ms"].iat[i]  # measured
+    assert not np.allclose(refit.sim_ms[cpu], runs.sim_ms[cpu])
+    assert (refit.sim_ms[~cpu] == runs.sim_ms[~cpu]).all()
+    assert all(refit.graphs[i] is runs.graphs[i] for i in np.flatnonzero(~cpu))

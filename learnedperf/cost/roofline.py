@@ -37,10 +37,11 @@ class RooflineCost(CostModel):
 
     A device that carries measured kernel curves (``DeviceSpec.kernel_curves``, see
     :mod:`learnedperf.cost.curves`) has its GEMMs and fused attention costed on them instead:
-    ``overhead + max(FLOPs / (rate·η·∏ d/(d+d½)), bytes / bandwidth)``, with η the fitted
-    share of an isolated kernel's rate kept inside a step (``curve_efficiency``); a measured ``optimizer_step`` rate
-    replaces the optimizer's streaming estimate. Such a device's bandwidth was measured too, and
-    memory-bound ops reach ``curve_memory_efficiency`` of it.
+    ``overhead + max(FLOPs / (rate·η·∏ d/(d+d½)), bytes / bandwidth)``, with η the share of an
+    isolated kernel's rate kept inside a step (``curve_efficiency`` when set, else the dtype's fitted
+    GEMM efficiency); a measured ``optimizer_step`` rate replaces the optimizer's streaming estimate.
+    Such a device's bandwidth was measured too: memory-bound ops reach ``curve_memory_efficiency`` of
+    it when that is set.
     """
 
     name = "roofline"
@@ -50,8 +51,10 @@ class RooflineCost(CostModel):
         self.p = params or default_params()
         d = hardware.device
         # a device with kernel curves was described by measurement, its bandwidth included: the share
-        # of it a step reaches is its own constant, not the share of a data sheet's
-        mem_eff = self.p.curve_memory_efficiency if d.kernel_curves is not None else self.p.memory_efficiency
+        # of it a step reaches may be a constant of its own, not the share of a data sheet's
+        mem_eff = self.p.memory_efficiency
+        if d.kernel_curves is not None and self.p.curve_memory_efficiency is not None:
+            mem_eff = self.p.curve_memory_efficiency
         self._bw = d.memory_bandwidth_GBps * 1e9 * mem_eff
         self._sms = d.num_sms
         self._launch = self.p.kernel_launch_us * 1e-6
@@ -155,12 +158,14 @@ class RooflineCost(CostModel):
         # a causal attention skips whole key blocks: the device's measured block, else the cost model's tile
         dims, flops = ((op.shape[1:4], op.flops) if matmul else
                        (op.shape[2:5], attention_flops(op, curve.causal_block or self.p.tile_n)))
-        # η: the share of an isolated kernel's rate kept inside a step, one constant for every dtype
-        # and for attention as for GEMMs (all measured the same way): the data-sheet efficiencies
-        # differ per dtype because peaks do, which a measured rate already includes
-        # (vm-epyc-2c's fp32 steps were simulated 0.25 slower in log than its bf16 ones with them).
-        # The memory bound still holds below the curve.
+        # η: the share of an isolated kernel's rate kept inside a step, the same for attention as for
+        # GEMMs (both measured the same way). curve_efficiency is one value for every dtype; without it
+        # (shipped) η is the data-sheet efficiency of the dtype, which puts vm-epyc-2c's fp32 steps 0.25
+        # slower in log than its bf16 ones: the learned correction over it carried better from one CPU to
+        # the other than the fitted constant did (CostParams). The memory bound still holds below the curve.
         eff = self.p.curve_efficiency
+        if eff is None:
+            _peak, eff = self._peak_flops(op.dtype, "matmul")
         return curve.overhead_us * 1e-6 + max(flops / curve_rate_flops(curve, dims, eff), op.bytes / self._bw)
 
     # ----------------------------------------------------- communication

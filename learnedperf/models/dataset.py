@@ -88,9 +88,10 @@ def _record_breakdown(row: Any) -> Optional[dict]:
     return out
 
 
-def learned_node_times_s(graph: dict, spec: Any, regressor: Any):
+def learned_node_times_s(graph: dict, spec: Any, regressor: Any, comm: Any = None):
     """The learned operator costs' seconds for every compute node of ``graph`` (NaN for collectives):
-    the regressor's where it covers the op, the roofline's elsewhere (:class:`~learnedperf.models.gbdt.LearnedOpCost`).
+    the regressor's where it covers the op, the roofline's elsewhere (:class:`~learnedperf.models.gbdt.LearnedOpCost`;
+    ``comm``: that roofline, default ``RooflineCost(spec.hardware)``).
 
     The ops come from :func:`~learnedperf.data.graphs.node_op` (a causal mask is not stored:
     attention nodes count as non-causal).
@@ -104,7 +105,7 @@ def learned_node_times_s(graph: dict, spec: Any, regressor: Any):
     compute = np.flatnonzero(~graph["is_comm"])
     if len(compute):
         ops = [node_op(graph, int(i)) for i in compute]
-        cost = LearnedOpCost(spec.hardware, regressor)
+        cost = LearnedOpCost(spec.hardware, regressor, comm=comm)
         cost.prefetch(ops)
         out[compute] = [cost.compute_time_s(op) for op in ops]
     return out
@@ -192,6 +193,68 @@ def load_runs(data_dir: str | Path, op_regressor: Any = None, sources: tuple[str
                 op_regressor)
 
 
+def with_cost_params(runs: Runs, params: Any, node_times: bool = True) -> Runs:
+    """A copy of ``runs`` whose rows on devices described by measurement (those with kernel curves) are
+    simulated again with cost constants ``params``: their roofline time, breakdown and graph op times,
+    their time on learned operator costs and learned node times when ``runs`` has them, and a simulated
+    row's target (the simulator's own answer). Every other row is shared, unchanged.
+
+    What :func:`learnedperf.models.evaluate.evaluate` uses to hold a CPU's steps out of the constants
+    fitted on measured devices' steps (:mod:`learnedperf.simulate.calibrate`).
+
+    Raises:
+        InputError: a row on such a device that the simulator cannot answer with ``params``.
+    """
+    import numpy as np
+
+    from ..cost import RooflineCost
+    from ..data.graphs import graph_of
+    from ..graph.execution import compile_run
+    from ..simulate import simulate
+
+    rows = [i for i, spec in enumerate(runs.specs) if spec.hardware.device.kernel_curves is not None]
+    records = runs.records.copy()
+    graphs, breakdowns, sim_ms = list(runs.graphs), list(runs.breakdown_ms), np.array(runs.sim_ms, dtype=float)
+    sim_ops = None
+    if runs.sim_ops is not None:
+        sim_ops = (np.array(runs.sim_ops[0], dtype=float), list(runs.sim_ops[1]), list(runs.sim_ops[2]))
+    measured = runs.measured
+    target = records.columns.get_loc("iteration_time_ms")
+    stored = {col: records.columns.get_loc(col) for col in ("sim_iteration_time_ms", *BREAKDOWN_COLUMNS.values())}
+    for i in rows:
+        spec = runs.specs[i]
+        cost = RooflineCost(spec.hardware, params)
+        try:
+            pred = simulate(spec, cost=cost).to_prediction()
+            graph = graph_of(compile_run(spec), cost)
+        except Exception as exc:  # noqa: BLE001 - named, with the run, in one error
+            raise InputError(f"run {records['run_id'].iat[i]}: cannot be simulated with the refitted measured-device "
+                             f"constants: {type(exc).__name__}: {exc}") from exc
+        graphs[i] = {**runs.graphs[i], **graph}
+        sim_ms[i] = pred["iteration_time_ms"]
+        breakdowns[i] = {k: float(pred["breakdown_ms"].get(k, 0.0)) for k in BREAKDOWN_COLUMNS}
+        # the record's own simulator columns follow, so that nothing reads the old constants' answer
+        records.iat[i, stored["sim_iteration_time_ms"]] = pred["iteration_time_ms"]
+        for key, col in BREAKDOWN_COLUMNS.items():
+            records.iat[i, stored[col]] = breakdowns[i][key]
+        if not measured[i]:
+            records.iat[i, target] = pred["iteration_time_ms"]  # a simulated row's target is the simulator's answer
+        if sim_ops is not None:
+            from .gbdt import LearnedOpCost
+
+            if measured[i]:
+                learned = LearnedOpCost(spec.hardware, runs.op_regressor, comm=cost).prefetch_run(spec)
+                res = simulate(spec, cost=learned).to_prediction()
+                sim_ops[0][i] = res["iteration_time_ms"]
+                sim_ops[1][i] = {k: float(res["breakdown_ms"].get(k, 0.0)) for k in BREAKDOWN_COLUMNS}
+            else:
+                sim_ops[1][i] = breakdowns[i]
+            if node_times:
+                sim_ops[2][i] = learned_node_times_s(graphs[i], spec, runs.op_regressor, comm=cost)
+    return Runs(records, list(runs.specs), graphs, breakdowns, sim_ms, sim_ops, Counter(runs.dropped),
+                runs.op_regressor)
+
+
 def _progress(total: int, desc: str, enabled: bool):
     from tqdm import tqdm
 
@@ -223,4 +286,4 @@ def interval_group(records: Any):
 
 
 __all__ = ["BREAKDOWN_COLUMNS", "Runs", "device_class", "interval_group", "learned_node_times_s", "load_runs",
-           "strategy_group"]
+           "strategy_group", "with_cost_params"]

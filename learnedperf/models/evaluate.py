@@ -11,6 +11,10 @@ no H200 and nothing beyond 8 devices, so the thresholds differ.
 
 Operator regressors of ``+ops`` methods are trained without the held-out GPU's operator
 measurements in the GPUs' ``unseen_device:*`` splits (:data:`OP_DEVICE_HOLDOUT`; CPU records train none).
+When the cost model's measured-device constants (``curve_efficiency``, ``curve_memory_efficiency``) are
+set, as ``experiments/calibrate_steps.py --measured`` fits them on every CPU's steps, a CPU's split fits them
+again on its training side's steps (:mod:`learnedperf.simulate.calibrate`) and simulates every CPU run with
+them (:func:`~learnedperf.models.dataset.with_cost_params`), so that the held-out CPU's steps reach nothing.
 
 Metrics per split and method (:func:`learnedperf.models.metrics.score`): MAPE, median and
 p90 APE, Kendall τ and top-1 regret over the strategies of each (model, cluster, batch),
@@ -25,7 +29,7 @@ from typing import Any, Callable, Optional
 
 from ..data.splits import split_mask
 from ..errors import InputError
-from .dataset import Runs, device_class, strategy_group
+from .dataset import Runs, device_class, strategy_group, with_cost_params
 from .iteration import METHODS, IterationModel, needs_ops
 from .metrics import score
 
@@ -62,7 +66,8 @@ EVAL_SPLITS: dict[str, tuple[str, Callable[[Any], Any]]] = {
                            "operator measurements left out of the operator regressor",
                            lambda df: _device_is(df, "A100")),
     **{f"unseen_device:{cpu}": (f"test = steps on the {cpu} CPU (device {prefix}-*); the other CPU's steps "
-                                "trained on (no CPU operator record trains the operator regressor)",
+                                "trained on (no CPU operator record trains the operator regressor; measured-device "
+                                "cost constants, when set, refitted on their single-process steps)",
                                 lambda df, p=prefix: df["device_type"].map(lambda t: _cpu_name_is(t, p)))
        for cpu, prefix in CPU_HOLDOUTS.items()},
     "unseen_device:V100": ("test = V100 runs (any V100 variant, and synthetic devices derived from them); V100 "
@@ -86,6 +91,49 @@ EVAL_SPLITS: dict[str, tuple[str, Callable[[Any], Any]]] = {
 #: the regressor, and the runs labelled with it, of the splits that hold no device out
 OP_DEVICE_HOLDOUT: dict[str, Callable[[str], bool]] = {
     f"unseen_device:{d}": lambda name, d=d: _device_name_is(name, d) for d in ("A100", "V100", "T4", "P100", "P4")}
+
+
+#: the splits that refit the measured-device cost constants on their training side (the CPU splits)
+MEASURED_CONSTANTS_HOLDOUT = tuple(f"unseen_device:{cpu}" for cpu in CPU_HOLDOUTS)
+
+
+def measured_constants_set() -> bool:
+    """Whether the shipped cost constants set a measured-device constant (fitted on the CPUs' steps, so that
+    a CPU split must fit it again without the CPU it holds out)."""
+    from ..cost import default_params
+
+    p = default_params()
+    return p.curve_efficiency is not None or p.curve_memory_efficiency is not None
+
+
+def refit_measured_constants(runs: Runs, test: Any, log: Callable[[str], None] = lambda s: None) -> tuple[Runs, dict]:
+    """``runs`` simulated again with measured-device constants fitted on the measured single-process steps of
+    devices with kernel curves outside ``test`` (one data set per ``origin``), and what was fitted.
+
+    Raises:
+        InputError: no such step on the training side.
+    """
+    from ..simulate.calibrate import fit_measured_device_constants
+
+    sets: dict[str, list] = {}
+    measured = runs.measured
+    for i in range(len(runs)):
+        spec = runs.specs[i]
+        # single-process steps: the ones the constants are fitted on (the others would only be scored)
+        if (measured[i] and not test[i] and spec.hardware.device.kernel_curves is not None
+                and spec.hardware.num_devices == 1):
+            sets.setdefault(str(runs.records["origin"].iat[i]), []).append(
+                (spec, float(runs.records["iteration_time_ms"].iat[i]), spec.hardware.num_devices))
+    if not sets:
+        raise InputError("no measured single-process step of a device with kernel curves on the training side to "
+                         "fit the measured-device constants on")
+    params, _table = fit_measured_device_constants(sets)
+    fitted = {"curve_efficiency": params.curve_efficiency, "curve_memory_efficiency": params.curve_memory_efficiency,
+              "fit_on": {k: len(v) for k, v in sorted(sets.items())}}
+    log(f"measured-device constants refitted without the test side: curve_efficiency {params.curve_efficiency:g}, "
+        f"curve_memory_efficiency {params.curve_memory_efficiency:g} (single-process steps: {fitted['fit_on']})")
+    node_times = runs.sim_ops is not None and any(x is not None for x in runs.sim_ops[2])
+    return with_cost_params(runs, params, node_times=node_times), fitted
 
 
 def test_mask(records: Any, split: str):
@@ -144,6 +192,9 @@ def evaluate(runs_for: Callable[[Optional[Any]], Runs], methods: tuple[str, ...]
             log(f"{split}: no measured training run; skipped")
             report["splits"][split] = {"rule": EVAL_SPLITS[split][0], "skipped": "no measured training run"}
             continue
+        refitted = None
+        if split in MEASURED_CONSTANTS_HOLDOUT and measured_constants_set():
+            runs, refitted = refit_measured_constants(runs, test, log)
         train_runs, test_runs = runs.subset(~test), runs.subset(test_rows)
         y = test_runs.records["iteration_time_ms"].to_numpy(dtype=float)
         groups = strategy_group(test_runs.records)
@@ -151,6 +202,8 @@ def evaluate(runs_for: Callable[[Optional[Any]], Runs], methods: tuple[str, ...]
                                  "train": {"simulated": int((~test & ~measured).sum()),
                                            "measured": int((~test & measured).sum())},
                                  "test_measured": int(test_rows.sum()), "methods": {}}
+        if refitted is not None:
+            entry["measured_device_constants"] = refitted
         for method in methods:
             t0 = time.perf_counter()
             model = IterationModel(method, gnn_params=gnn_params, op_regressor=runs.op_regressor, folds=folds,
@@ -285,5 +338,6 @@ def format_table(report: dict, metric: str = "mape") -> str:
     return "\n".join(lines)
 
 
-__all__ = ["CPU_HOLDOUTS", "EVAL_SPLITS", "MEASURED_SCALE_THRESHOLD", "OP_DEVICE_HOLDOUT", "evaluate", "format_table", "merge_reports",
+__all__ = ["CPU_HOLDOUTS", "EVAL_SPLITS", "MEASURED_CONSTANTS_HOLDOUT", "MEASURED_SCALE_THRESHOLD", "OP_DEVICE_HOLDOUT",
+           "evaluate", "format_table", "measured_constants_set", "merge_reports", "refit_measured_constants",
            "novelty_residuals", "test_mask"]
