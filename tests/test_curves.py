@@ -128,8 +128,8 @@ def test_cost_model_times_ops_on_the_curves_in_closed_form():
 
 
 def test_without_measured_device_constants_curves_take_the_dtypes_data_sheet_efficiency():
-    """The shipped constants set no curve_efficiency: a curve's rate is scaled by the GEMM efficiency of the
-    op's dtype (η_tensor 0.5 for bf16, η_fp32 0.8 here) and the bandwidth by memory_efficiency."""
+    """Without curve_efficiency a curve's rate is scaled by the GEMM efficiency of the op's dtype (η_tensor 0.5
+    for bf16, η_fp32 0.8 here), and without curve_memory_efficiency the bandwidth by memory_efficiency."""
     cost = RooflineCost(HardwareSpec.parse({"device": {**CPU_LIKE, "kernel_curves": CURVES}, "num_devices": 1,
                                             "devices_per_node": 1}),
                         replace(PARAMS, curve_efficiency=None, curve_memory_efficiency=None))

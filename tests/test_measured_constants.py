@@ -78,3 +78,16 @@ def test_the_fit_refuses_what_it_cannot_fit_on(calibrate_steps):
                              "strategy": {"global_batch_size": 1}})
     with pytest.raises(InputError, match="A100-SXM4-80GB, which has no kernel curves"):
         fit_measured_device_constants({"gpu": [(gpu, 100.0, 1)]}, grid=[(0.8, 0.35)])
+
+
+def test_evaluate_refits_only_fitted_measured_device_constants(monkeypatch):
+    """A CPU split refits the measured-device constants when the shipped ones were fitted on measured steps
+    (their provenance says "fit by"), not when they are unset or set without a fit."""
+    import learnedperf.cost.params as params
+    from learnedperf.models.evaluate import measured_constants_set
+
+    for prov, want in (({}, False),
+                       ({"curve_efficiency": {"value": 1.0, "provenance": "not fitted: face value"}}, False),
+                       ({"curve_memory_efficiency": {"value": 0.35, "provenance": "fit by experiments/..."}}, True)):
+        monkeypatch.setattr(params, "provenance", lambda prov=prov: prov)
+        assert measured_constants_set() is want

@@ -38,16 +38,17 @@ class CostParams:
         alpha_intra_us / alpha_inter_us: per-step latency of a ring collective inside / across nodes.
         curve_efficiency: on a device described by measurement (one that carries kernel curves), the
             share of an isolated kernel's measured rate a GEMM or fused attention keeps inside a
-            training step, one value for every dtype. None (shipped): the GEMM efficiency of the op's
-            dtype above, a share of a *data-sheet* peak.
+            training step, one value for every dtype. Shipped: 1, not fitted (the curve at face value).
+            None: the GEMM efficiency of the op's dtype above, a share of a *data-sheet* peak.
         curve_memory_efficiency: on such a device, the share of its *measured* streaming bandwidth
             a memory-bound op reaches inside a step. None (shipped): ``memory_efficiency``.
 
-    The two measured-device constants are not shipped. Fitted on both CPUs' steps they halve the
-    simulator's error on them, but held out one CPU at a time (each fitted on the other CPU's steps) the
-    shipped learned model moved from 15.9 to 9.9 % on the EPYC and from 10.6 to 21.3 % on the Xeon: the
-    correction it learns from one CPU's residuals carried to the other better than the fitted constants
-    did (README, *Constants of a measured device*). ``experiments/calibrate_steps.py --measured`` fits them.
+    Held out one CPU at a time, the shipped learned model is best with nothing fitted on CPU steps
+    (README, *Constants of a measured device*): ``gnn_residual+ops`` on the Xeon / EPYC was at 10.6 /
+    15.9 % with the data-sheet efficiencies on the curves, 21.3 / 9.9 % with both constants fitted on the
+    other CPU's steps (``experiments/calibrate_steps.py --measured`` fits them), and 9.0 / 11.3 % with the
+    curves at face value. A fitted value's provenance starts "fit by", and the evaluation then refits it
+    in each CPU's split.
     """
 
     gemm_efficiency_tensor: float = 0.8

@@ -159,10 +159,10 @@ class RooflineCost(CostModel):
         dims, flops = ((op.shape[1:4], op.flops) if matmul else
                        (op.shape[2:5], attention_flops(op, curve.causal_block or self.p.tile_n)))
         # η: the share of an isolated kernel's rate kept inside a step, the same for attention as for
-        # GEMMs (both measured the same way). curve_efficiency is one value for every dtype; without it
-        # (shipped) η is the data-sheet efficiency of the dtype, which puts vm-epyc-2c's fp32 steps 0.25
-        # slower in log than its bf16 ones: the learned correction over it carried better from one CPU to
-        # the other than the fitted constant did (CostParams). The memory bound still holds below the curve.
+        # GEMMs (both measured the same way), one value for every dtype (shipped: 1, the curve at face
+        # value). Without it η is the data-sheet efficiency of the dtype, a share of a peak that a measured
+        # rate already includes: vm-epyc-2c's fp32 steps came out 0.25 slower in log than its bf16 ones.
+        # The memory bound still holds below the curve.
         eff = self.p.curve_efficiency
         if eff is None:
             _peak, eff = self._peak_flops(op.dtype, "matmul")

@@ -98,12 +98,14 @@ MEASURED_CONSTANTS_HOLDOUT = tuple(f"unseen_device:{cpu}" for cpu in CPU_HOLDOUT
 
 
 def measured_constants_set() -> bool:
-    """Whether the shipped cost constants set a measured-device constant (fitted on the CPUs' steps, so that
-    a CPU split must fit it again without the CPU it holds out)."""
-    from ..cost import default_params
+    """Whether the shipped cost constants hold a measured-device constant *fitted* on measured steps (its
+    provenance says "fit by ..."), so that a CPU split must fit it again without the CPU it holds out; a value
+    set without a fit holds nothing of any CPU."""
+    from ..cost.params import provenance
 
-    p = default_params()
-    return p.curve_efficiency is not None or p.curve_memory_efficiency is not None
+    prov = provenance()
+    return any(str((prov.get(name) or {}).get("provenance", "")).startswith("fit by")
+               for name in ("curve_efficiency", "curve_memory_efficiency"))
 
 
 def refit_measured_constants(runs: Runs, test: Any, log: Callable[[str], None] = lambda s: None) -> tuple[Runs, dict]:
