@@ -33,7 +33,6 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-
 from learnedperf.cost import RooflineCost, default_params
 from learnedperf.cost.params import write_params
 from learnedperf.measure.public import default_shared_data, load_sc21, load_vtrain
@@ -41,6 +40,8 @@ from learnedperf.measure.steps import TRANSFORMER_ARCHS
 from learnedperf.simulate import simulate
 from learnedperf.simulate.calibrate import best_on, fit_measured_device_constants, steps_mape
 from learnedperf.specs import RunSpec
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def sc21_mape(params) -> float:
@@ -51,9 +52,6 @@ def sc21_mape(params) -> float:
         t = simulate(spec, cost=RooflineCost(spec.hardware, params)).iteration_time_s * 1e3
         errs.append(abs(r.iteration_time_ms / t - 1))
     return 100 * statistics.fmean(errs)
-
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def measured_steps(directory: Path) -> list[tuple[RunSpec, float, int]]:

@@ -46,6 +46,7 @@ def evaluate(directory: Path) -> list[dict]:
     from learnedperf.measure.records import verify_manifest
     from learnedperf.measure.steps import TRANSFORMER_ARCHS
     from learnedperf.simulate import simulate
+    from learnedperf.simulate.calibrate import steps_mape
     from learnedperf.specs import RunSpec
 
     verify_manifest(directory)
@@ -78,8 +79,7 @@ def evaluate(directory: Path) -> list[dict]:
                 for spec, _rec in subset]
 
     def mape(params, subset) -> float:
-        return sum(abs(p / float(rec["iteration_time_ms"]) - 1)
-                   for p, (_s, rec) in zip(predict(params, subset), subset)) / len(subset)
+        return steps_mape([(spec, float(rec["iteration_time_ms"])) for spec, rec in subset], params) / 100
 
     # whole-step constants, as for GPUs (experiments/calibrate_steps.py): isolated operators run with hot
     # caches and without the framework's per-op work in a real step, so the per-op floor and the

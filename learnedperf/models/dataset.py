@@ -211,6 +211,7 @@ def with_cost_params(runs: Runs, params: Any, node_times: bool = True) -> Runs:
     from ..data.graphs import graph_of
     from ..graph.execution import compile_run
     from ..simulate import simulate
+    from .gbdt import LearnedOpCost
 
     rows = [i for i, spec in enumerate(runs.specs) if spec.hardware.device.kernel_curves is not None]
     records = runs.records.copy()
@@ -240,8 +241,6 @@ def with_cost_params(runs: Runs, params: Any, node_times: bool = True) -> Runs:
         if not measured[i]:
             records.iat[i, target] = pred["iteration_time_ms"]  # a simulated row's target is the simulator's answer
         if sim_ops is not None:
-            from .gbdt import LearnedOpCost
-
             if measured[i]:
                 learned = LearnedOpCost(spec.hardware, runs.op_regressor, comm=cost).prefetch_run(spec)
                 res = simulate(spec, cost=learned).to_prediction()
