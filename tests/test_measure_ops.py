@@ -147,7 +147,7 @@ def test_describe_device_quick_is_a_valid_device_spec(descriptor):
 
 def test_bench_collectives_gloo_two_processes(descriptor):
     skipped: list[dict] = []
-    records = bench_collectives(2, [4096, 4 << 20], backend="gloo", ops=("allreduce", "reducescatter", "broadcast"),
+    records = bench_collectives(2, [4096, 16 << 20], backend="gloo", ops=("allreduce", "reducescatter", "broadcast"),
                                 warmup=1, repeats=3, descriptor=descriptor, skipped=skipped)
     assert all(s["reason"] for s in skipped)
     assert len(records) + len(skipped) == 6
