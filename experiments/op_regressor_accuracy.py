@@ -19,6 +19,11 @@ graph-node records when it has any (``graph-nodes`` rows). ``--graph-modes`` pic
 ``train`` (the default; NeuSight has training graphs of V100 only, so every held-out device but
 V100 gains them) or ``train,inf`` (inference graphs, forward nodes, of all five GPUs as well).
 
+The ``L2 unknown`` columns score the same model on the same held-out records with the L2 size taken
+out of the held-out device's descriptor: how a device the catalog describes without an L2 figure
+(H200, L4, T4, MI250X, ...) is predicted. ``--param unknown_cache_share=0`` trains without the rows
+that teach the trees such a device (:class:`~learnedperf.models.OpTimeRegressor`).
+
 ``--param KEY=VALUE`` (repeatable) passes other LightGBM parameters to every regressor (e.g.
 ``--param linear_tree=true``; values are read as JSON, else kept as text), to compare settings on
 the same rows.
@@ -58,6 +63,13 @@ def roofline_ms(df: pd.DataFrame) -> np.ndarray:
         op = Op("op", kind, direction, float(flops), float(nbytes), dtype, shapes[shape], causal=causal[params])
         out[i] = cost.compute_time_s(op) * 1e3
     return out
+
+
+def without_l2(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with the L2 size taken out of every device descriptor."""
+    strip = {d: json.dumps({k: v for k, v in json.loads(d).items() if k != "l2_cache_MiB"})
+             for d in df["device"].unique()}
+    return df.assign(device=df["device"].map(strip))
 
 
 def ape(pred: np.ndarray, true: np.ndarray) -> np.ndarray:
@@ -120,6 +132,7 @@ def main() -> None:
         model = OpTimeRegressor(n_estimators=args.n_estimators, **params).fit_records(tr)
         true = te["time_ms"].to_numpy()
         e_m, e_r = ape(model.predict_records(te), true), ape(roofline_ms(te), true)
+        e_u = ape(model.predict_records(without_l2(te)), true)
         e_g = None
         extra = ""
         if graph is not None:
@@ -134,12 +147,12 @@ def main() -> None:
                 t_own = own["time_ms"].to_numpy()
                 a, b, r = ape(model.predict_records(own), t_own), ape(aug.predict_records(own), t_own), \
                     ape(roofline_ms(own), t_own)
-                rows.append((held, "graph-nodes", len(own), a, b, r))
+                rows.append((held, "graph-nodes", len(own), a, b, r, None))
         kinds = te["kind"].to_numpy()
-        rows.append((held, "ALL", len(te), e_m, e_g, e_r))
+        rows.append((held, "ALL", len(te), e_m, e_g, e_r, e_u))
         for k in sorted(set(kinds)):
             m = kinds == k
-            rows.append((held, k, int(m.sum()), e_m[m], None if e_g is None else e_g[m], e_r[m]))
+            rows.append((held, k, int(m.sum()), e_m[m], None if e_g is None else e_g[m], e_r[m], e_u[m]))
         print(f"# held out {held}: trained on {len(tr)} rows{extra}, tested on {len(te)} rows "
               f"({time.perf_counter() - t1:.1f} s)", flush=True)
 
@@ -147,14 +160,15 @@ def main() -> None:
     head = f"{'held-out device':<20} {'kind':<14} {'rows':>7} {'GBDT MAPE%':>11} {'GBDT med%':>10} "
     if graph is not None:
         head += f"{'+graph MAPE%':>13} {'+graph med%':>12} "
-    head += f"{'roofline MAPE%':>15} {'roofline med%':>14}"
+    head += f"{'roofline MAPE%':>15} {'roofline med%':>14} {'L2 unknown MAPE%':>17} {'L2 unknown med%':>16}"
     print(head)
     print("-" * len(head))
-    for held, kind, n, em, eg, er in rows:
+    for held, kind, n, em, eg, er, eu in rows:
         line = f"{held:<20} {kind:<14} {n:>7} {em.mean():>11.1f} {np.median(em):>10.1f} "
         if graph is not None:
             line += f"{eg.mean():>13.1f} {np.median(eg):>12.1f} " if eg is not None else f"{'-':>13} {'-':>12} "
-        line += f"{er.mean():>15.1f} {np.median(er):>14.1f}"
+        line += f"{er.mean():>15.1f} {np.median(er):>14.1f} "
+        line += f"{eu.mean():>17.1f} {np.median(eu):>16.1f}" if eu is not None else f"{'-':>17} {'-':>16}"
         print(line)
     print(f"\n# total {time.perf_counter() - t0:.1f} s; rows per training device <= {args.rows_per_device}, "
           f"n_estimators {args.n_estimators}" + (f", other parameters {params}" if params else ""))

@@ -16,7 +16,8 @@ from learnedperf.models import LearnedOpCost, OpTimeRegressor
 from learnedperf.simulate import simulate
 
 #: Frozen copy of the schema: changing names or order must come with a version bump (and this list).
-EXPECTED_V1 = (
+#: Version 2 has version 1's names; it changed what an unknown L2 size reads as (NaN, not a cache of 0).
+EXPECTED_NAMES = (
     [f"kind={k}" for k in ("matmul", "attention", "softmax", "layernorm", "rmsnorm", "elementwise", "embedding",
                            "cross_entropy", "optimizer", "conv", "other")]
     + [f"direction={d}" for d in ("fwd", "bwd", "fwd+bwd", "opt")]
@@ -62,16 +63,16 @@ def fitted() -> OpTimeRegressor:
 
 
 def test_schema_is_stable():
-    assert OP_FEATURE_SCHEMA.version == 1
-    assert OP_FEATURE_SCHEMA.names == EXPECTED_V1
+    assert OP_FEATURE_SCHEMA.version == 2
+    assert OP_FEATURE_SCHEMA.names == EXPECTED_NAMES
     assert all(desc for _, desc in OP_FEATURE_SCHEMA.features)
-    assert OP_FEATURE_SCHEMA.to_dict()["names"] == EXPECTED_V1
+    assert OP_FEATURE_SCHEMA.to_dict()["names"] == EXPECTED_NAMES
 
 
 def test_features_finite_and_same_from_records_and_ops():
     df = synthetic_records(30, 1)
     X = op_features(df)
-    assert X.dtype == np.float32 and X.shape == (30, len(EXPECTED_V1))
+    assert X.dtype == np.float32 and X.shape == (30, len(EXPECTED_NAMES))
     assert np.isfinite(X).all()
     # the inference path gives the same rows for the same ops on the same device
     row = df.iloc[0]
@@ -180,6 +181,79 @@ def test_excluded_features_do_not_change_predictions(fitted):
     np.testing.assert_array_equal(fitted.predict(X2), fitted.predict(X))
     with pytest.raises(InputError):
         OpTimeRegressor(exclude_features=["no_such_feature"])
+
+
+# ------------------------------------------------------------------ devices without an L2 size
+def test_unknown_l2_size_is_missing_not_a_cache_of_no_bytes():
+    op = Op("g", "matmul", "fwd", 2.0 * 512 ** 3, 3.0 * 512 * 512 * 4, "fp32", (1, 512, 512, 512))
+    col, raw = OP_FEATURE_SCHEMA.index("log_bytes_per_l2"), OP_FEATURE_SCHEMA.index("l2_cache_MiB")
+    known = op_features_from_ops([op], DEVICES[1])[0]
+    assert known[col] == pytest.approx(np.log1p(op.bytes) - np.log1p(6.0 * 2 ** 20), rel=1e-6)
+    no_l2 = {k: v for k, v in DEVICES[1].items() if k != "l2_cache_MiB"}
+    # absent, null, or DeviceSpec's 0 default (the catalog's H200, L4, T4): NaN in both cache columns
+    for dev in (no_l2, {**no_l2, "l2_cache_MiB": None}, {**no_l2, "l2_cache_MiB": 0}):
+        row = op_features_from_ops([op], dev)[0]
+        assert np.isnan(row[col]) and np.isnan(row[raw])
+        others = [j for j in range(len(row)) if j not in (col, raw)]
+        np.testing.assert_array_equal(row[others], known[others])
+
+
+def test_unknown_cache_rows_added_in_fit():
+    from learnedperf.models.gbdt import UNKNOWN_CACHE_SHARE
+
+    X = op_features(synthetic_records(40, 2))
+    col = OP_FEATURE_SCHEMA.index("log_bytes_per_l2")
+    X[:4, col] = np.nan  # rows of a device whose L2 size is already unknown are not copied
+    y, w = np.arange(40.0), np.arange(40.0) + 100.0
+    reg = OpTimeRegressor()
+    assert reg.unknown_cache_share == UNKNOWN_CACHE_SHARE == 0.25
+    X2, y2, w2 = reg._with_unknown_cache(X, y, w)
+    assert X2.shape == (49, X.shape[1]) and len(y2) == len(w2) == 49  # round(0.25 × 36 known rows) = 9
+    np.testing.assert_array_equal(X2[:40], X)
+    added = y2[40:].astype(int)
+    assert set(added) <= set(range(4, 40)) and len(set(added)) == 9
+    assert np.isnan(X2[40:, col]).all()
+    keep = [j for j in range(X.shape[1]) if j != col]
+    np.testing.assert_array_equal(X2[40:][:, keep], X[added][:, keep])
+    np.testing.assert_array_equal(w2[40:], w[added])
+    for off in (OpTimeRegressor(unknown_cache_share=0),
+                OpTimeRegressor(exclude_features=("num_sms", "log_bytes_per_l2"))):
+        assert off._with_unknown_cache(X, y, w)[0] is X
+    for bad in (-0.1, 1.5, "half", True):
+        with pytest.raises(InputError, match="unknown_cache_share"):
+            OpTimeRegressor(unknown_cache_share=bad)
+
+
+def cache_records(n: int, seed: int) -> pd.DataFrame:
+    """Memory-bound ops on two devices that differ only in L2 size (2 and 64 MiB): an op whose bytes
+    exceed the cache takes 3× the roofline bound, one that fits takes the bound."""
+    rng = np.random.default_rng(seed)
+    base = {"peak_tflops": {"fp32": 10.0}, "memory_bandwidth_GBps": 500.0, "memory_GiB": 16.0,
+            "num_sms": 40, "clock_MHz": 1500.0}
+    rows = []
+    for i in range(n):
+        l2 = (2.0, 64.0)[i % 2]
+        dev = {**base, "name": f"cache-{int(l2)}", "l2_cache_MiB": l2}
+        nbytes = float(2 ** rng.uniform(19, 28))  # 0.5-256 MiB
+        t_s = (3.0 if nbytes > l2 * 2 ** 20 else 1.0) * nbytes / 500e9
+        rows.append({"op": "add", "kind": "elementwise", "direction": "fwd", "shape": json.dumps([int(nbytes / 8)]),
+                     "params": "{}", "dtype": "fp32", "flops": nbytes / 8, "bytes": nbytes, "time_ms": t_s * 1e3,
+                     "device": json.dumps(dev), "device_name": dev["name"]})
+    return pd.DataFrame(rows)
+
+
+def test_a_device_without_l2_size_gets_the_average_cache_not_an_edge():
+    # An op of 16 MiB fits the 64-MiB cache (1× the bound) and not the 2-MiB one (3×). A device whose L2
+    # size nobody knows gets what the training caches have in common: between the two, away from both
+    # (about √3 in log); read as a cache of 0 bytes, or as LightGBM reads an unseen NaN (a working set the
+    # cache's size), it would take one edge.
+    model = OpTimeRegressor(n_estimators=100, num_leaves=15).fit_records(cache_records(800, 0))
+    base = json.loads(cache_records(2, 0)["device"].iloc[0])
+    op = Op("a", "elementwise", "fwd", 2.0 ** 21, 16.0 * 2 ** 20, "fp32", (2 ** 21,))
+    bound_ms = op.bytes / 500e9 * 1e3
+    ratio = {l2: model.predict_ops([op], {**base, "l2_cache_MiB": l2})[0] / bound_ms for l2 in (2.0, 64.0, None)}
+    assert ratio[2.0] == pytest.approx(3.0, rel=0.1) and ratio[64.0] == pytest.approx(1.0, rel=0.1)
+    assert 1.3 < ratio[None] < 2.3
 
 
 # ------------------------------------------------------------------ how a model was trained

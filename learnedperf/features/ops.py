@@ -102,17 +102,20 @@ def _schema_features() -> tuple[tuple[str, str], ...]:
           ("log_mem_bw_Bps", "log memory bandwidth in bytes/s"),
           ("log_ridge", "log(peak FLOP/s / bandwidth): the roofline ridge point in FLOP/byte"),
           ("num_sms", "SMs / compute units (0 = unknown, e.g. CPUs)"),
-          ("l2_cache_MiB", "last-level on-chip cache in MiB"),
+          ("l2_cache_MiB", "last-level on-chip cache in MiB (NaN = not on the device's data sheet)"),
           ("clock_MHz", "boost clock in MHz"),
-          ("log_bytes_per_l2", "log((1 + bytes) / (1 + L2 bytes)): does the working set fit in cache")]
+          ("log_bytes_per_l2", "log((1 + bytes) / (1 + L2 bytes)): does the working set fit in cache "
+                               "(NaN when the cache size is unknown)")]
     f += [("log_compute_s", "log(max(FLOPs / peak, 1 ns)): compute-bound time in seconds"),
           ("log_memory_s", "log(max(bytes / bandwidth, 1 ns)): memory-bound time in seconds"),
           ("log_roofline_s", "log(max(FLOPs / peak, bytes / bandwidth, 1 ns)): the roofline lower bound in s")]
     return tuple(f)
 
 
-#: The operator feature schema (version 1).
-OP_FEATURE_SCHEMA = FeatureSchema(name="op", version=1, features=_schema_features())
+#: The operator feature schema. Version 2: a device whose descriptor gives no L2 size (DeviceSpec's
+#: ``l2_cache_MiB`` 0, as the catalog's H200, L4 or T4) has NaN in ``l2_cache_MiB`` and
+#: ``log_bytes_per_l2``; version 1 read it as a cache of no bytes, which no training device has.
+OP_FEATURE_SCHEMA = FeatureSchema(name="op", version=2, features=_schema_features())
 
 #: Column of the roofline bound, the baseline the regressors learn a residual against.
 ROOFLINE_COLUMN = "log_roofline_s"
@@ -136,7 +139,11 @@ def _device_dict(device: Any) -> dict:
 
 
 def _device_row(device: Any) -> list[float]:
-    """[peak FLOP/s per DTYPES..., bandwidth B/s, num_sms, l2 MiB, clock MHz] of one descriptor."""
+    """[peak FLOP/s per DTYPES..., bandwidth B/s, num_sms, l2 MiB, clock MHz] of one descriptor.
+
+    An L2 size that is absent, null or 0 is unknown (NaN): every device has an on-chip cache, and
+    DeviceSpec stores a size missing from the data sheet as 0.
+    """
     d = _device_dict(device)
     peaks = d.get("peak_tflops") or {}
     if not isinstance(peaks, Mapping) or not peaks.get("fp32"):
@@ -147,7 +154,7 @@ def _device_row(device: Any) -> list[float]:
         raise InputError(f"device {d.get('name', '?')}: memory_bandwidth_GBps is required")
     # a dtype without its own math runs at the fp32 peak (upcast), as the roofline cost assumes
     row = [float(peaks.get(t) or fp32) * 1e12 for t in DTYPES]
-    row += [float(bw) * 1e9, float(d.get("num_sms") or 0), float(d.get("l2_cache_MiB") or 0),
+    row += [float(bw) * 1e9, float(d.get("num_sms") or 0), float(d.get("l2_cache_MiB") or "nan"),
             float(d.get("clock_MHz") or 0)]
     return row
 
@@ -188,7 +195,7 @@ def _assemble(kind, direction, dtype, causal, flops, nbytes, dims, ndims, dev):
     out[:, col + 3] = sms
     out[:, col + 4] = l2
     out[:, col + 5] = clock
-    out[:, col + 6] = np.log1p(nbytes) - np.log1p(l2 * 2.0 ** 20)
+    out[:, col + 6] = np.log1p(nbytes) - np.log1p(l2 * 2.0 ** 20)  # NaN where the L2 size is unknown
     col += 7
     t_c = np.maximum(flops / peak, MIN_BOUND_S)
     t_m = np.maximum(nbytes / bw, MIN_BOUND_S)

@@ -72,6 +72,12 @@ _DEFAULT_PARAMS = {"n_estimators": 300, "learning_rate": 0.05, "num_leaves": 63,
 DEVICE_IDENTITY_FEATURES = ("num_sms", "l2_cache_MiB", "clock_MHz", "log_peak_flops", "log_mem_bw_Bps",
                             "log_ridge")
 
+#: The cache column that is NaN for a device whose data sheet gives no L2 size (the catalog's H200,
+#: L4, T4, MI250X, ...; :data:`~learnedperf.features.OP_FEATURE_SCHEMA` v2).
+CACHE_COLUMN = "log_bytes_per_l2"
+#: Default share of training rows copied with the cache size unknown (see ``unknown_cache_share``).
+UNKNOWN_CACHE_SHARE = 0.25
+
 
 class OpTimeRegressor:
     """Per-operator time regressor (scikit-learn conventions: ``fit`` returns self, learned state ends in ``_``).
@@ -92,13 +98,23 @@ class OpTimeRegressor:
         random_state: seed of the row and column subsampling.
         exclude_features: schema names held constant (so never split on) in fit and predict;
             default :data:`DEVICE_IDENTITY_FEATURES`.
+        unknown_cache_share: share of the training rows with a known L2 size that :meth:`fit` adds again
+            with the size unknown (``log_bytes_per_l2`` NaN), so that the trees learn where a device
+            without an L2 figure belongs — the average over the training caches — instead of reading
+            NaN as LightGBM does for a feature that had no missing value in training (as 0, a working
+            set exactly the cache's size). 0 turns it off.
         **lgbm_params: other ``lightgbm.LGBMRegressor`` arguments (defaults in ``_DEFAULT_PARAMS``).
     """
 
     def __init__(self, n_jobs: int = 2, random_state: int = 0,
-                 exclude_features: Iterable[str] = DEVICE_IDENTITY_FEATURES, **lgbm_params: Any):
+                 exclude_features: Iterable[str] = DEVICE_IDENTITY_FEATURES,
+                 unknown_cache_share: float = UNKNOWN_CACHE_SHARE, **lgbm_params: Any):
         self.n_jobs = n_jobs
         self.random_state = random_state
+        if (isinstance(unknown_cache_share, bool) or not isinstance(unknown_cache_share, numbers.Real)
+                or not 0.0 <= float(unknown_cache_share) <= 1.0):
+            raise InputError(f"unknown_cache_share: expected a number in [0, 1], got {unknown_cache_share!r}")
+        self.unknown_cache_share = float(unknown_cache_share)
         self.exclude_features = tuple(exclude_features)
         unknown = [n for n in self.exclude_features if n not in OP_FEATURE_SCHEMA.names]
         if unknown:
@@ -111,7 +127,8 @@ class OpTimeRegressor:
     def get_params(self, deep: bool = True) -> dict:
         """Constructor arguments (scikit-learn convention)."""
         return {"n_jobs": self.n_jobs, "random_state": self.random_state,
-                "exclude_features": list(self.exclude_features), **self.lgbm_params}
+                "exclude_features": list(self.exclude_features), "unknown_cache_share": self.unknown_cache_share,
+                **self.lgbm_params}
 
     def _check_X(self, X) -> "Any":
         import numpy as np
@@ -160,6 +177,7 @@ class OpTimeRegressor:
             if sample_weight.shape != (X.shape[0],):
                 raise InputError(f"sample_weight: expected {X.shape[0]} weights, got shape {sample_weight.shape}")
         target = np.log(y_ms * 1e-3) - X[:, OP_FEATURE_SCHEMA.index(ROOFLINE_COLUMN)]
+        X, target, sample_weight = self._with_unknown_cache(X, target, sample_weight)
         if client is None:
             import lightgbm
 
@@ -175,6 +193,26 @@ class OpTimeRegressor:
         self.schema_version_ = OP_FEATURE_SCHEMA.version
         self.coverage_ = None
         return self
+
+    def _with_unknown_cache(self, X, target, sample_weight) -> tuple:
+        """``X``, ``target`` and ``sample_weight`` with ``unknown_cache_share`` of the rows whose L2 size is
+        known appended again with it unknown (the same seeded draw on every path, local or Dask)."""
+        import numpy as np
+
+        col = OP_FEATURE_SCHEMA.index(CACHE_COLUMN)
+        if self.unknown_cache_share <= 0 or CACHE_COLUMN in self.exclude_features:
+            return X, target, sample_weight
+        known = np.flatnonzero(np.isfinite(X[:, col]))
+        k = int(round(self.unknown_cache_share * len(known)))
+        if k == 0:
+            return X, target, sample_weight
+        pick = np.sort(np.random.default_rng(self.random_state).choice(known, k, replace=False))
+        extra = X[pick].copy()
+        extra[:, col] = np.nan
+        if "l2_cache_MiB" not in self.exclude_features:  # the raw size too, as the features of such a device have it
+            extra[:, OP_FEATURE_SCHEMA.index("l2_cache_MiB")] = np.nan
+        weights = None if sample_weight is None else np.concatenate([sample_weight, sample_weight[pick]])
+        return np.concatenate([X, extra]), np.concatenate([target, target[pick]]), weights
 
     def _fit_dask(self, client, X, target, sample_weight) -> tuple:
         """Train on ``client``'s workers; return (local booster, number of workers that held data)."""
