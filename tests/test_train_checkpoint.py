@@ -279,6 +279,8 @@ def test_truncated_and_altered_checkpoints_are_refused(gnn_checkpoint, tmp_path)
 @pytest.mark.parametrize("key, value, match", [
     ("compat.simulator_version", "0.0.0-old", "incompatible checkpoint: simulator_version"),
     ("compat.graph_feature_schema_version", 99, "incompatible checkpoint: graph_feature_schema_version"),
+    # operator features v1 read an unknown L2 size as a cache of 0 bytes: its regressors are not v2's
+    ("compat.op_feature_schema_version", 1, "incompatible checkpoint: op_feature_schema_version is 1, this code has 2"),
     ("format_version", 7, "format version 7"),
     ("method", "oracle", "unknown method"),
 ])
