@@ -88,6 +88,21 @@ def _record_breakdown(row: Any) -> Optional[dict]:
     return out
 
 
+def _breakdown(breakdown_ms: Any) -> dict:
+    """The :data:`BREAKDOWN_COLUMNS` parts of a prediction's ``breakdown_ms``, as floats (0 where absent)."""
+    return {k: float(breakdown_ms.get(k, 0.0)) for k in BREAKDOWN_COLUMNS}
+
+
+def _learned_simulation(spec: Any, regressor: Any, comm: Any = None) -> tuple[float, dict]:
+    """(iteration ms, breakdown) of ``spec`` simulated on learned operator costs (``comm``: their roofline,
+    default ``RooflineCost(spec.hardware)``)."""
+    from ..simulate import simulate
+    from .gbdt import LearnedOpCost
+
+    res = simulate(spec, cost=LearnedOpCost(spec.hardware, regressor, comm=comm).prefetch_run(spec)).to_prediction()
+    return res["iteration_time_ms"], _breakdown(res["breakdown_ms"])
+
+
 def learned_node_times_s(graph: dict, spec: Any, regressor: Any, comm: Any = None):
     """The learned operator costs' seconds for every compute node of ``graph`` (NaN for collectives):
     the regressor's where it covers the op, the roofline's elsewhere (:class:`~learnedperf.models.gbdt.LearnedOpCost`;
@@ -171,14 +186,12 @@ def load_runs(data_dir: str | Path, op_regressor: Any = None, sources: tuple[str
         bd = _record_breakdown(row)
         if bd is None:
             bd = simulate(spec, cost=RooflineCost(spec.hardware)).to_prediction()["breakdown_ms"]
-        breakdowns.append({k: float(bd.get(k, 0.0)) for k in BREAKDOWN_COLUMNS})
+        breakdowns.append(_breakdown(bd))
         if op_regressor is not None:
-            from .gbdt import LearnedOpCost
-
             if row["source"] == "measured":
-                res = simulate(spec, cost=LearnedOpCost(spec.hardware, op_regressor).prefetch_run(spec)).to_prediction()
-                sim_ops_t.append(res["iteration_time_ms"])
-                sim_ops_bd.append({k: float(res["breakdown_ms"].get(k, 0.0)) for k in BREAKDOWN_COLUMNS})
+                t_ms, learned_bd = _learned_simulation(spec, op_regressor)
+                sim_ops_t.append(t_ms)
+                sim_ops_bd.append(learned_bd)
             else:
                 # a simulated run's target is the roofline simulator's own answer: a model built on the
                 # learned-cost simulator anchors it at that target (IterationModel.samples), so the learned
@@ -211,7 +224,6 @@ def with_cost_params(runs: Runs, params: Any, node_times: bool = True) -> Runs:
     from ..data.graphs import graph_of
     from ..graph.execution import compile_run
     from ..simulate import simulate
-    from .gbdt import LearnedOpCost
 
     rows = [i for i, spec in enumerate(runs.specs) if spec.hardware.device.kernel_curves is not None]
     records = runs.records.copy()
@@ -233,7 +245,7 @@ def with_cost_params(runs: Runs, params: Any, node_times: bool = True) -> Runs:
                              f"constants: {type(exc).__name__}: {exc}") from exc
         graphs[i] = {**runs.graphs[i], **graph}
         sim_ms[i] = pred["iteration_time_ms"]
-        breakdowns[i] = {k: float(pred["breakdown_ms"].get(k, 0.0)) for k in BREAKDOWN_COLUMNS}
+        breakdowns[i] = _breakdown(pred["breakdown_ms"])
         # the record's own simulator columns follow, so that nothing reads the old constants' answer
         records.iat[i, stored["sim_iteration_time_ms"]] = pred["iteration_time_ms"]
         for key, col in BREAKDOWN_COLUMNS.items():
@@ -242,10 +254,7 @@ def with_cost_params(runs: Runs, params: Any, node_times: bool = True) -> Runs:
             records.iat[i, target] = pred["iteration_time_ms"]  # a simulated row's target is the simulator's answer
         if sim_ops is not None:
             if measured[i]:
-                learned = LearnedOpCost(spec.hardware, runs.op_regressor, comm=cost).prefetch_run(spec)
-                res = simulate(spec, cost=learned).to_prediction()
-                sim_ops[0][i] = res["iteration_time_ms"]
-                sim_ops[1][i] = {k: float(res["breakdown_ms"].get(k, 0.0)) for k in BREAKDOWN_COLUMNS}
+                sim_ops[0][i], sim_ops[1][i] = _learned_simulation(spec, runs.op_regressor, comm=cost)
             else:
                 sim_ops[1][i] = breakdowns[i]
             if node_times:
