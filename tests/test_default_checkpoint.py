@@ -94,3 +94,18 @@ def test_an_h200_is_not_slower_than_an_h100(predictor, tier, precision):
                                 "precision": precision}}
             times[device] = predictor.predict(run, tier=tier)["iteration_time_ms"]
         assert times["H200-SXM-141GB"] <= times["H100-SXM5-80GB"], (model, times)
+
+
+def test_the_measured_gpus_carry_their_own_offsets():
+    """The shipped operator regressor learns each NeuSight GPU's deviation from what its data sheet predicts
+    (``device_offsets_``). The measurements themselves order them: on NeuSight's large fp32 GEMMs the V100
+    reaches 0.78 of its data-sheet peak, more than any other of the five (the P100 0.64, the T4 0.37), so the
+    trees, which see a device only through its data sheet, put the V100 slow and the P100 and T4 fast; their
+    offsets (log measured / predicted) must say the opposite. A device nobody measured carries none."""
+    reg = load_checkpoint().op_regressor
+    assert reg is not None
+    offsets = reg.device_offsets_
+    assert {"A100-PCIE-40GB", "P100-PCIE-16GB", "P4", "T4", "V100-PCIE-32GB"} <= set(offsets)
+    assert offsets["V100-PCIE-32GB"]["matmul/fp32"] < 0 < offsets["P100-PCIE-16GB"]["matmul/fp32"]
+    assert offsets["V100-PCIE-32GB"]["matmul/fp32"] < offsets["T4"]["matmul/fp32"]
+    assert "H100-SXM5-80GB" not in offsets and "V100-SXM2-32GB" not in offsets

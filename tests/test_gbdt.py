@@ -14,6 +14,7 @@ from learnedperf.features import OP_FEATURE_SCHEMA, op_features, op_features_fro
 from learnedperf.graph.ops import Op
 from learnedperf.models import LearnedOpCost, OpTimeRegressor
 from learnedperf.simulate import simulate
+from learnedperf.specs import HardwareSpec
 
 #: Frozen copy of the schema: changing names or order must come with a version bump (and this list).
 #: Version 2 has version 1's names; it changed what an unknown L2 size reads as (NaN, not a cache of 0).
@@ -271,6 +272,106 @@ def test_sidecar_records_local_training_and_old_sidecars_load_as_unknown(fitted,
     (d / "op_time_model.json").write_text(json.dumps(meta))
     with pytest.raises(InputError, match="trained_with"):
         OpTimeRegressor.load(d)
+
+
+# ------------------------------------------------------------------ device offsets
+from learnedperf.models.gbdt import MAX_DEVICE_OFFSET, fit_device_offsets  # noqa: E402
+
+
+def test_device_offsets_are_shrunk_medians_in_closed_form():
+    # device x: 30 fp32 GEMMs at log residual 0.2, 10 fp32 softmaxes at -0.1, 10 bf16 GEMMs at 0.5;
+    # device y: 5 fp32 GEMMs at 0.4; prior weight 20 records
+    names = ["x"] * 50 + ["y"] * 5
+    kinds = ["matmul"] * 30 + ["softmax"] * 10 + ["matmul"] * 10 + ["matmul"] * 5
+    dtypes = ["fp32"] * 40 + ["bf16"] * 10 + ["fp32"] * 5
+    r = [0.2] * 30 + [-0.1] * 10 + [0.5] * 10 + [0.4] * 5
+    got = fit_device_offsets(names, kinds, dtypes, r, 20.0)
+    x32 = 0.2 * 40 / 60  # the median of x's fp32 residuals, 40 records against a prior of 20
+    x16 = 0.5 * 10 / 30
+    y32 = 0.4 * 5 / 25
+    expected = {"x": {"*/fp32": x32, "matmul/fp32": x32 + (0.2 - x32) * 30 / 50,
+                      "softmax/fp32": x32 + (-0.1 - x32) * 10 / 30,
+                      "*/bf16": x16, "matmul/bf16": x16 + (0.5 - x16) * 10 / 30},
+                "y": {"*/fp32": y32, "matmul/fp32": y32 + (0.4 - y32) * 5 / 25}}
+    assert got.keys() == expected.keys()
+    for name, per in expected.items():
+        assert got[name].keys() == per.keys()
+        for key, value in per.items():
+            assert got[name][key] == pytest.approx(value, abs=1e-6)
+    # an absurd residual is clipped to what a sidecar may carry
+    assert fit_device_offsets(["z"] * 1000, ["matmul"] * 1000, ["fp32"] * 1000, [9.0] * 1000, 20.0)["z"]["*/fp32"] \
+        == MAX_DEVICE_OFFSET
+
+
+def speed_records(n: int, seed: int) -> pd.DataFrame:
+    """GEMMs on two devices with the same data sheet, one at 1× the roofline bound, one at 1.5×."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        name, factor = (("fast-gpu", 1.0), ("slow-gpu", 1.5))[i % 2]
+        dev = {**DEVICES[1], "name": name}
+        m, nn, k = (int(2 ** rng.uniform(6, 12)) for _ in range(3))
+        flops, nbytes = 2.0 * m * nn * k, float((m * k + k * nn + m * nn) * 4)
+        t_s = factor * max(flops / 14e12, nbytes / 900e9)
+        rows.append({"op": "linear", "kind": "matmul", "direction": "fwd", "shape": json.dumps([1, m, nn, k]),
+                     "params": "{}", "dtype": "fp32", "flops": flops, "bytes": nbytes, "time_ms": t_s * 1e3,
+                     "device": json.dumps(dev), "device_name": name})
+    return pd.DataFrame(rows)
+
+
+def test_a_measured_device_gets_its_own_speed_and_an_unmeasured_one_the_average(tmp_path):
+    # The data sheets are equal, so the trees can only learn the two devices' geometric mean, √1.5 ≈ 1.22× the
+    # bound. Each device's own records say where it is (1× and 1.5×, shrunk by 400 / 420 in log); a device
+    # of another name, and a dtype neither device was measured in, keep the trees' answer.
+    records = speed_records(800, 0)
+    model = OpTimeRegressor(n_estimators=80, num_leaves=15).fit_records(records)
+    trees = OpTimeRegressor(n_estimators=80, num_leaves=15, device_offsets=False).fit_records(records)
+    assert trees.device_offsets_ == {} and set(model.device_offsets_) == {"fast-gpu", "slow-gpu"}
+    op = Op("mm", "matmul", "fwd", 2.0 * 1024 ** 3, 3 * 1024 ** 2 * 4.0, "fp32", (1, 1024, 1024, 1024))
+    bound_ms = op.flops / 14e12 * 1e3
+    shrink = 400 / 420
+
+    def ratio(m, name, o=op):
+        return m.predict_ops([o], {**DEVICES[1], "name": name})[0] / bound_ms
+
+    mean = 1.5 ** 0.5
+    assert ratio(trees, "slow-gpu") == pytest.approx(mean, rel=0.05)
+    assert ratio(model, "other-gpu") == pytest.approx(mean, rel=0.05)
+    assert ratio(model, "slow-gpu") == pytest.approx(mean * (1.5 / mean) ** shrink, rel=0.05)
+    assert ratio(model, "fast-gpu") == pytest.approx(mean * (1.0 / mean) ** shrink, rel=0.05)
+    bf16 = Op("mm", "matmul", "fwd", op.flops, op.bytes / 2, "bf16", op.shape)
+    assert ratio(model, "slow-gpu", bf16) == pytest.approx(ratio(trees, "slow-gpu", bf16), rel=1e-6)
+    # the records API applies each row's device, the learned cost model the run's
+    per_row = model.predict_records(records) / trees.predict_records(records)
+    slow = (records["device_name"] == "slow-gpu").to_numpy()
+    assert np.all(per_row[slow] > 1.1) and np.all(per_row[~slow] < 0.95)
+    hw = HardwareSpec.parse({"device": {**DEVICES[1], "name": "slow-gpu"}, "num_devices": 1, "devices_per_node": 1})
+    assert LearnedOpCost(hw, model).compute_time_s(op) * 1e3 == pytest.approx(ratio(model, "slow-gpu") * bound_ms)
+    # the offsets travel with the model
+    loaded = OpTimeRegressor.load(model.save(tmp_path / "m"))
+    assert loaded.device_offsets_ == model.device_offsets_
+    assert ratio(loaded, "slow-gpu") == pytest.approx(ratio(model, "slow-gpu"), rel=1e-9)
+
+
+def test_device_offsets_in_a_sidecar_are_checked(fitted, tmp_path):
+    d = fitted.save(tmp_path / "m")
+    path = d / "op_time_model.json"
+    meta = json.loads(path.read_text())
+    for bad in ({"dev-a": {"matmul/fp32": 99.0}}, {"dev-a": {"matmul": 0.1}}, {"dev-a": {"matmul/fp32": "fast"}},
+                {"dev-a": [0.1]}, ["dev-a"]):
+        path.write_text(json.dumps({**meta, "device_offsets": bad}))
+        with pytest.raises(InputError, match="device_offsets"):
+            OpTimeRegressor.load(d)
+    # a sidecar written before offsets were learnt loads with none
+    path.write_text(json.dumps({k: v for k, v in meta.items() if k != "device_offsets"}))
+    assert OpTimeRegressor.load(d).device_offsets_ == {}
+
+
+@pytest.mark.parametrize("kwargs", [{"device_offsets": "yes"}, {"device_offset_prior_rows": 0},
+                                    {"device_offset_prior_rows": float("nan")}, {"device_offset_prior_rows": True}])
+def test_bad_device_offset_settings_are_refused(kwargs):
+    with pytest.raises(InputError, match=next(iter(kwargs))):
+        OpTimeRegressor(**kwargs)
 
 
 def test_fit_rejects_something_that_is_not_a_dask_client():

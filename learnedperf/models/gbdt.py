@@ -37,6 +37,7 @@ and lost where they had none (bf16 A100 steps).
 from __future__ import annotations
 
 import json
+import math
 import numbers
 import warnings
 from pathlib import Path
@@ -77,6 +78,10 @@ DEVICE_IDENTITY_FEATURES = ("num_sms", "l2_cache_MiB", "clock_MHz", "log_peak_fl
 CACHE_COLUMN = "log_bytes_per_l2"
 #: Default share of training rows copied with the cache size unknown (see ``unknown_cache_share``).
 UNKNOWN_CACHE_SHARE = 0.25
+#: Default prior weight, in records, of a zero device offset (see ``device_offset_prior_rows``).
+DEVICE_OFFSET_PRIOR_ROWS = 20.0
+#: Largest |log offset| a sidecar may carry (a factor of e^3 = 20): larger is a corrupt file, not a device.
+MAX_DEVICE_OFFSET = 3.0
 
 
 class OpTimeRegressor:
@@ -91,7 +96,23 @@ class OpTimeRegressor:
     saved before this was recorded), ``dask_workers_`` (workers that trained it, 0 locally) and
     ``coverage_``: training records per ``(device class, kind, dtype)`` (:meth:`fit_records` sets it;
     ``None`` after :meth:`fit` on a bare matrix, which does not say the devices, or for a model saved
-    before coverage was recorded: every op then counts as covered).
+    before coverage was recorded: every op then counts as covered), and ``device_offsets_``: per
+    device name, the log factor by which that device's measured kernels deviate from the trees, per
+    ``"kind/dtype"`` and overall per dtype (``"*/dtype"``) (:meth:`fit_records` sets it; empty after
+    :meth:`fit` or for a model saved before offsets were recorded).
+
+    Why offsets: the trees see a device only through its data sheet (``exclude_features``), so they
+    predict what a device with that data sheet reaches *on average*, and a device that reaches more
+    (the V100: 0.78 of its fp32 peak on large GEMMs, the other NeuSight GPUs 0.37-0.72) is predicted
+    slow by every model trained without it. Its own kernels say by how much. The offset of a
+    ``(device, kind, dtype)`` is the median log(measured / predicted) over its training records,
+    shrunk towards the device's offset for the dtype, which is shrunk towards 0, each with the weight
+    ``n / (n + device_offset_prior_rows)`` of its ``n`` records. A prediction for a device *name*
+    with offsets (a measured device, in training or from a user's ``learnedperf measure``) is
+    multiplied by ``exp(offset)``; any other device, and a dtype never measured on that device, get
+    none: a device's data sheet is all that is known of it. Held out one NeuSight GPU at a time, 100
+    random kernels of the held-out GPU in training moved ``simulator+ops`` on its measured steps from
+    19.6 to 5.2 % on the V100 (``experiments/few_shot_device.py``).
 
     Args:
         n_jobs: LightGBM threads (local training and prediction).
@@ -103,18 +124,29 @@ class OpTimeRegressor:
             without an L2 figure belongs — the average over the training caches — instead of reading
             NaN as LightGBM does for a feature that had no missing value in training (as 0, a working
             set exactly the cache's size). 0 turns it off.
+        device_offsets: learn and apply the per-device offsets above (False: the trees alone).
+        device_offset_prior_rows: records' worth of weight the prior offset 0 has (> 0).
         **lgbm_params: other ``lightgbm.LGBMRegressor`` arguments (defaults in ``_DEFAULT_PARAMS``).
     """
 
     def __init__(self, n_jobs: int = 2, random_state: int = 0,
                  exclude_features: Iterable[str] = DEVICE_IDENTITY_FEATURES,
-                 unknown_cache_share: float = UNKNOWN_CACHE_SHARE, **lgbm_params: Any):
+                 unknown_cache_share: float = UNKNOWN_CACHE_SHARE, device_offsets: bool = True,
+                 device_offset_prior_rows: float = DEVICE_OFFSET_PRIOR_ROWS, **lgbm_params: Any):
         self.n_jobs = n_jobs
         self.random_state = random_state
         if (isinstance(unknown_cache_share, bool) or not isinstance(unknown_cache_share, numbers.Real)
                 or not 0.0 <= float(unknown_cache_share) <= 1.0):
             raise InputError(f"unknown_cache_share: expected a number in [0, 1], got {unknown_cache_share!r}")
         self.unknown_cache_share = float(unknown_cache_share)
+        if not isinstance(device_offsets, bool):
+            raise InputError(f"device_offsets: expected true or false, got {device_offsets!r}")
+        self.device_offsets = device_offsets
+        if (isinstance(device_offset_prior_rows, bool) or not isinstance(device_offset_prior_rows, numbers.Real)
+                or not math.isfinite(device_offset_prior_rows) or device_offset_prior_rows <= 0):
+            raise InputError("device_offset_prior_rows: expected a finite number > 0, "
+                             f"got {device_offset_prior_rows!r}")
+        self.device_offset_prior_rows = float(device_offset_prior_rows)
         self.exclude_features = tuple(exclude_features)
         unknown = [n for n in self.exclude_features if n not in OP_FEATURE_SCHEMA.names]
         if unknown:
@@ -128,6 +160,7 @@ class OpTimeRegressor:
         """Constructor arguments (scikit-learn convention)."""
         return {"n_jobs": self.n_jobs, "random_state": self.random_state,
                 "exclude_features": list(self.exclude_features), "unknown_cache_share": self.unknown_cache_share,
+                "device_offsets": self.device_offsets, "device_offset_prior_rows": self.device_offset_prior_rows,
                 **self.lgbm_params}
 
     def _check_X(self, X) -> "Any":
@@ -192,6 +225,7 @@ class OpTimeRegressor:
         self.n_features_in_ = X.shape[1]
         self.schema_version_ = OP_FEATURE_SCHEMA.version
         self.coverage_ = None
+        self.device_offsets_ = {}
         return self
 
     def _with_unknown_cache(self, X, target, sample_weight) -> tuple:
@@ -282,8 +316,18 @@ class OpTimeRegressor:
 
         ``client``: a ``dask.distributed.Client`` to train on its workers (see :meth:`fit`).
         """
-        self.fit(op_features(records), records["time_ms"].to_numpy(), sample_weight=sample_weight, client=client)
+        import numpy as np
+
+        X = op_features(records)
+        self.fit(X, records["time_ms"].to_numpy(), sample_weight=sample_weight, client=client)
         self.coverage_ = op_coverage(records)
+        if self.device_offsets:
+            # residuals of the trees alone (fit leaves device_offsets_ empty, so predict applies none)
+            resid = np.log(records["time_ms"].to_numpy(dtype=np.float64) / self.predict(X))
+            self.device_offsets_ = fit_device_offsets(records["device_name"].astype(str).to_numpy(),
+                                                      records["kind"].astype(str).to_numpy(),
+                                                      records["dtype"].astype(str).to_numpy(), resid,
+                                                      self.device_offset_prior_rows)
         return self
 
     def covers(self, device_name: str, op: Op) -> bool:
@@ -293,12 +337,35 @@ class OpTimeRegressor:
         return cov is None or (device_class(device_name), op.kind, op.dtype) in cov
 
     def predict_records(self, records) -> "Any":
-        """Predicted ``time_ms`` of each row of an ``OP_COLUMNS`` DataFrame."""
-        return self.predict(op_features(records))
+        """Predicted ``time_ms`` of each row of an ``OP_COLUMNS`` DataFrame (with the offset of each row's
+        ``device_name``, where it has one)."""
+        import numpy as np
+
+        t = self.predict(op_features(records))
+        offsets = getattr(self, "device_offsets_", None)
+        if offsets and len(t):
+            t = t * np.exp([self._offset(n, k, d) for n, k, d in zip(
+                records["device_name"].astype(str), records["kind"].astype(str), records["dtype"].astype(str))])
+        return t
 
     def predict_ops(self, ops: Iterable[Op], device: Any) -> "Any":
-        """Predicted milliseconds of graph ops on ``device`` (dict, JSON text or DeviceSpec)."""
-        return self.predict(op_features_from_ops(ops, device))
+        """Predicted milliseconds of graph ops on ``device`` (dict, JSON text or DeviceSpec), with the
+        offsets of the device's name where it has them."""
+        import numpy as np
+
+        ops = list(ops)
+        t = self.predict(op_features_from_ops(ops, device))
+        name = _device_name(device)
+        if len(t) and name in (getattr(self, "device_offsets_", None) or {}):
+            t = t * np.exp([self._offset(name, op.kind, op.dtype) for op in ops])
+        return t
+
+    def _offset(self, name: str, kind: str, dtype: str) -> float:
+        """The log offset of ``kind`` in ``dtype`` on the device called ``name`` (0 where none was learnt)."""
+        per = self.device_offsets_.get(name)
+        if not per:
+            return 0.0
+        return per.get(f"{kind}/{dtype}", per.get(f"*/{dtype}", 0.0))
 
     # ------------------------------------------------------------ storage
     def save(self, directory: str | Path) -> Path:
@@ -318,6 +385,7 @@ class OpTimeRegressor:
         cov = getattr(self, "coverage_", None)
         if cov is not None:
             meta["coverage"] = [[*key, n] for key, n in sorted(cov.items())]
+        meta["device_offsets"] = getattr(self, "device_offsets_", {})
         (directory / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         return directory
 
@@ -348,6 +416,7 @@ class OpTimeRegressor:
             raise InputError(f"{meta_path}: 'training.dask_workers' must be an integer >= 0, got {workers!r}")
         self = cls(**params)
         self.coverage_ = _read_coverage(meta.get("coverage"), meta_path)
+        self.device_offsets_ = _read_offsets(meta.get("device_offsets"), meta_path)
         self.booster_ = booster
         self.trained_with_ = training["trained_with"]
         self.dask_workers_ = workers
@@ -375,6 +444,59 @@ def _read_coverage(data: Any, where: Path) -> dict | None:
     if not ok:
         raise InputError(f"{where}: 'coverage' must be a list of [device class, kind, dtype, records > 0]")
     return {(e[0], e[1], e[2]): e[3] for e in data}
+
+
+def fit_device_offsets(names: Any, kinds: Any, dtypes: Any, log_resid: Any, prior_rows: float) -> dict:
+    """Per-device log offsets from the log residuals (measured / predicted) of training records.
+
+    For each device and dtype, ``"*/dtype"`` is ``median(r) · n / (n + prior_rows)`` over its ``n`` records;
+    for each kind, ``"kind/dtype"`` is that plus ``(median(r_kind) − it) · n_k / (n_k + prior_rows)``: a
+    kind with few records stays near its dtype's offset, a dtype with few records near 0.
+
+    Returns:
+        ``{device name: {"kind/dtype" or "*/dtype": log offset}}`` (rounded to 1e-6, and clipped to
+        ±:data:`MAX_DEVICE_OFFSET`, the most a sidecar may carry).
+    """
+    import numpy as np
+    import pandas as pd
+
+    df = pd.DataFrame({"name": names, "kind": kinds, "dtype": dtypes, "r": np.asarray(log_resid, dtype=np.float64)})
+    df = df[np.isfinite(df["r"])]
+    out: dict[str, dict[str, float]] = {}
+    for (name, dtype), g in df.groupby(["name", "dtype"], sort=True):
+        base = float(np.median(g["r"])) * len(g) / (len(g) + prior_rows)
+        per = out.setdefault(str(name), {})
+        per[f"*/{dtype}"] = round(max(-MAX_DEVICE_OFFSET, min(MAX_DEVICE_OFFSET, base)), 6)
+        for kind, gk in g.groupby("kind", sort=True):
+            value = base + (float(np.median(gk["r"])) - base) * len(gk) / (len(gk) + prior_rows)
+            per[f"{kind}/{dtype}"] = round(max(-MAX_DEVICE_OFFSET, min(MAX_DEVICE_OFFSET, value)), 6)
+    return out
+
+
+def _read_offsets(data: Any, where: Path) -> dict:
+    """A sidecar's ``device_offsets`` (``{}`` when absent); a malformed one raises InputError."""
+    if data is None:
+        return {}
+    ok = isinstance(data, dict) and all(
+        isinstance(name, str) and isinstance(per, dict) and all(
+            isinstance(key, str) and key.count("/") == 1 and isinstance(v, (int, float)) and not isinstance(v, bool)
+            and math.isfinite(v) and abs(v) <= MAX_DEVICE_OFFSET for key, v in per.items())
+        for name, per in data.items())
+    if not ok:
+        raise InputError(f"{where}: 'device_offsets' must map device names to {{'kind/dtype': log offset}} "
+                         f"with finite offsets of at most {MAX_DEVICE_OFFSET} in magnitude")
+    return {name: {k: float(v) for k, v in per.items()} for name, per in data.items()}
+
+
+def _device_name(device: Any) -> str:
+    """The name of a device descriptor (a dict, its JSON text or a DeviceSpec); '' when it has none."""
+    if isinstance(device, str):
+        try:
+            device = json.loads(device)
+        except json.JSONDecodeError:
+            return ""
+    name = device.get("name") if isinstance(device, dict) else getattr(device, "name", None)
+    return str(name) if name is not None else ""
 
 
 #: ``datasets/measured`` of the repository this package sits in (learnedperf/../datasets/measured).
