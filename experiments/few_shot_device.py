@@ -58,10 +58,15 @@ def main(argv=None) -> int:
 
     from learnedperf.errors import LearnedPerfError
     from learnedperf.measure.public import load_neusight_steps
-    from learnedperf.models import OpTimeRegressor
-    from learnedperf.models.dataset import _learned_simulation, device_class
+    from learnedperf.models import LearnedOpCost, OpTimeRegressor
+    from learnedperf.models.dataset import device_class
     from learnedperf.models.gbdt import load_op_training_data
+    from learnedperf.simulate import simulate
     from learnedperf.specs import RunSpec
+
+    def simulated_ms(spec, model) -> float:
+        """``simulator+ops``: the simulator on the model's operator costs (the roofline's where it has none)."""
+        return simulate(spec, cost=LearnedOpCost(spec.hardware, model).prefetch_run(spec)).iteration_time_s * 1e3
 
     t0 = time.perf_counter()
     try:
@@ -99,8 +104,8 @@ def main(argv=None) -> int:
             got = {"offsets": ([], [], []), "trees": ([], [], [])}
             for draw in range(1 if k == 0 else args.draws):
                 pick = np.random.default_rng(1000 + draw).choice(own, min(k, len(own)), replace=False) if k else own[:0]
-                model = OpTimeRegressor(random_state=0, **prior).fit_records(pd.concat([others, every.iloc[pick]],
-                                                                              ignore_index=True))
+                train = pd.concat([others, every.iloc[pick]], ignore_index=True)
+                model = OpTimeRegressor(random_state=0, **prior).fit_records(train)
                 test = every.iloc[np.setdiff1d(own, pick)]
                 true = test["time_ms"].to_numpy()
                 learnt = model.device_offsets_
@@ -109,7 +114,7 @@ def main(argv=None) -> int:
                     op_mape, step_mape, bias = got[label]
                     op_mape.append(float(np.mean(np.abs(model.predict_records(test) - true) / true)) * 100)
                     if own_steps:
-                        ratios = np.array([_learned_simulation(spec, model)[0] / ms for spec, ms in own_steps])
+                        ratios = np.array([simulated_ms(spec, model) / ms for spec, ms in own_steps])
                         step_mape.append(float(np.mean(np.abs(ratios - 1))) * 100)
                         bias.append(float(np.mean(np.log(ratios))))
 
