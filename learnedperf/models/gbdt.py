@@ -8,7 +8,9 @@ the measured time to the roofline lower bound that the features carry (column
 bandwidth, so the residual is what transfers to devices never measured
 (launch overhead, wave quantisation, cache effects, kernel efficiency).
 A squared loss on a log target is also a loss on *relative* error, which is how
-operator times are judged (MAPE).
+operator times are judged (MAPE). A device whose own kernels are in the training
+data also gets its offsets (``device_offsets_``): by how much, per kind and
+dtype, its kernels deviate from what the trees predict from its data sheet.
 
 Training runs in-process, or data-parallel on a Dask cluster through
 ``lightgbm.dask`` (``fit(..., client=...)``): same parameters, target and
