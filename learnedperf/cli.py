@@ -255,6 +255,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="REPORT.json", help="write the full report (with every prediction) here")
     p.add_argument("--methods", metavar="LIST", help="comma-separated methods (default: all)")
     p.add_argument("--splits", metavar="LIST", help="comma-separated splits (default: all)")
+    p.add_argument("--device-kernels", type=_non_negative_int, default=0, metavar="K",
+                   help="a GPU split's held-out device keeps K of its own operator records (drawn with --seed) in "
+                        "the operator regressor's training: how its runs are predicted once K of its kernels are "
+                        "measured (default 0: the device unseen)")
     _add_model_arguments(p)
     p.set_defaults(handler=_cmd_evaluate)
 
@@ -910,7 +914,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     try:
         report = run_evaluation(args.data, methods=methods, splits=splits, gnn_params=gnn, client=client,
                                 limit_simulated=args.limit_simulated, seed=args.seed, progress=args.progress,
-                                log=log, folds=args.folds)
+                                log=log, folds=args.folds, device_kernels=args.device_kernels)
     except LearnedPerfError as exc:
         print(f"{prog}: error: {_error_text(exc)}", file=sys.stderr)
         return 1

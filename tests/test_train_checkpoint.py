@@ -61,6 +61,31 @@ def test_evaluate_simulator_mape_matches_records(data, tmp_path, capsys):
     assert {p["method"] for p in rep["predictions"]} == {"simulator", "formula"}
 
 
+def test_evaluate_records_device_kernels_and_refuses_a_negative_count(data, tmp_path, capsys):
+    report = tmp_path / "report.json"
+    assert main(["evaluate", "--data", str(data), "--methods", "simulator", "--splits", "unseen_scale",
+                 "--device-kernels", "30", "--out", str(report), "--no-progress"]) == 0
+    assert json.loads(report.read_text())["device_kernels"] == 30
+    capsys.readouterr()
+    assert main(["evaluate", "--data", str(data), "--device-kernels", "-1"]) == 2
+    assert "--device-kernels" in capsys.readouterr().err
+
+
+def test_excluded_rows_keep_k_kernels_of_each_held_out_device():
+    from learnedperf.models.pipeline import excluded_rows
+
+    names = ["gpu-a"] * 10 + ["gpu-b"] * 5 + ["gpu-c"] * 3
+    held = {"gpu-a", "gpu-c"}.__contains__
+    assert excluded_rows(names, held).tolist() == [n in ("gpu-a", "gpu-c") for n in names]
+    mask = excluded_rows(names, held, keep=4, seed=0)
+    # gpu-a keeps 4 of its 10 rows, gpu-c all of its 3, gpu-b was never held out
+    assert mask[:10].sum() == 6 and not mask[10:15].any() and not mask[15:].any()
+    assert (excluded_rows(names, held, keep=4, seed=0) == mask).all()
+    assert (excluded_rows(names, held, keep=4, seed=1) != mask).any()
+    with pytest.raises(InputError, match="device_kernels"):
+        excluded_rows(names, held, keep=-1)
+
+
 def test_evaluate_rejects_unknown_method(data, capsys):
     assert main(["evaluate", "--data", str(data), "--methods", "oracle"]) == 2
     assert "unknown method" in capsys.readouterr().err
@@ -348,6 +373,8 @@ def test_merge_reports():
     ("seed", 1, r"differ in their seed: None, 1"),
     ("gnn_params", {"hidden": 8}, r"differ in their GNN parameters"),
     ("data", {"dataset_manifest_sha256": "ab"}, r"differ in their data set: None, 'ab'"),
+    # a held-out device with 100 of its kernels measured is another experiment than an unseen one
+    ("device_kernels", 100, r"differ in their kernels of the held-out devices: 0, 100"),
 ])
 def test_merge_reports_refuses_reports_trained_differently(key, value, match):
     from learnedperf.models.evaluate import merge_reports

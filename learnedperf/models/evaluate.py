@@ -287,14 +287,16 @@ def novelty_residuals(report: dict, method: str, leave_out: tuple[str, ...] = ()
 def merge_reports(reports: list[dict]) -> dict:
     """One report from several over the same data and splits but different methods (e.g. methods
     evaluated in parallel processes). Raises :class:`InputError` if a method appears twice, or the
-    reports differ in their data set, seed, GNN parameters, calibration folds, or a split's test or
-    training sets (a report written before folds were recorded counts as ``folds`` 0)."""
+    reports differ in their data set, seed, GNN parameters, calibration folds, kernels of the held-out devices
+    (``device_kernels``), or a split's test or training sets (a report written before folds or device kernels
+    were recorded counts as 0)."""
     if not reports:
         raise InputError("no report to merge")
     # the methods of a merged report must be comparable: trained on the same runs, the same way
     settings = {"data set": lambda r: (r.get("data") or {}).get("dataset_manifest_sha256"),
                 "seed": lambda r: r.get("seed"), "GNN parameters": lambda r: r.get("gnn_params") or {},
-                "folds": lambda r: r.get("folds", 0)}
+                "folds": lambda r: r.get("folds", 0),
+                "kernels of the held-out devices": lambda r: r.get("device_kernels", 0)}
     for what, get in settings.items():
         values = [get(r) for r in reports]
         if any(v != values[0] for v in values):

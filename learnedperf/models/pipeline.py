@@ -28,8 +28,25 @@ CHOICE_SPLITS = ("unseen_device:A100", "unseen_device:Xeon", "unseen_device:EPYC
                  "unseen_strategy")
 
 
+def excluded_rows(device_names: Any, exclude: Callable[[str], bool], keep: int = 0, seed: int = 0) -> Any:
+    """Boolean mask of the rows whose device name ``exclude`` matches, less ``keep`` of each such device's rows
+    (drawn without replacement with ``seed``; all of them when it has fewer)."""
+    import numpy as np
+
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
+        raise InputError(f"device_kernels: expected an integer >= 0, got {keep!r}")
+    names = np.asarray(device_names, dtype=object).astype(str)
+    mask = np.array([bool(exclude(n)) for n in names], dtype=bool)
+    if keep:
+        rng = np.random.default_rng(seed)
+        for name in sorted(set(names[mask])):  # sorted: the draw depends only on the data and the seed
+            idx = np.flatnonzero(names == name)
+            mask[rng.choice(idx, min(keep, len(idx)), replace=False)] = False
+    return mask
+
+
 def fit_op_regressor(exclude: Optional[Callable[[str], bool]] = None, client: Any = None,
-                     rows_per_device: Optional[int] = 30000, seed: int = 0, **params: Any):
+                     rows_per_device: Optional[int] = 30000, seed: int = 0, device_kernels: int = 0, **params: Any):
     """An :class:`~learnedperf.models.gbdt.OpTimeRegressor` fitted on the accelerators' operator
     measurements (``load_op_training_data``) whose device name ``exclude`` does not match.
 
@@ -46,6 +63,8 @@ def fit_op_regressor(exclude: Optional[Callable[[str], bool]] = None, client: An
         client: a ``dask.distributed.Client`` to train through ``lightgbm.dask``.
         rows_per_device: deterministic subsample per device (None: all rows).
         seed: subsample and LightGBM seed.
+        device_kernels: of each excluded device, keep this many of its rows (drawn with ``seed``): a device
+            with ``device_kernels`` of its operators measured, which the regressor learns its offsets from.
         **params: LightGBM parameters.
     """
     from .dataset import device_class
@@ -54,7 +73,7 @@ def fit_op_regressor(exclude: Optional[Callable[[str], bool]] = None, client: An
     df = load_op_training_data(rows_per_device=rows_per_device, seed=seed)
     df = df[(df["device_name"].astype(str).map(device_class) != "cpu").to_numpy()]
     if exclude is not None:
-        df = df[~df["device_name"].astype(str).map(lambda n: bool(exclude(n))).to_numpy()]
+        df = df[~excluded_rows(df["device_name"], exclude, device_kernels, seed)]
     if len(df) == 0:
         raise InputError("no operator measurement left to train the operator regressor on")
     return OpTimeRegressor(random_state=seed, **params).fit_records(df, client=client)
@@ -73,8 +92,12 @@ def _loader(data_dir: str | Path, progress: bool, limit_simulated: Optional[int]
 def run_evaluation(data_dir: str | Path, methods: tuple[str, ...] = METHODS, splits: Optional[tuple[str, ...]] = None,
                    gnn_params: Optional[dict] = None, client: Any = None, limit_simulated: Optional[int] = None,
                    seed: int = 0, progress: bool = False, log: Callable[[str], None] = lambda s: None,
-                   folds: int = 0) -> dict:
-    """Evaluate ``methods`` on the held-out splits of the data set ``data_dir`` (see :func:`evaluate`)."""
+                   folds: int = 0, device_kernels: int = 0) -> dict:
+    """Evaluate ``methods`` on the held-out splits of the data set ``data_dir`` (see :func:`evaluate`).
+
+    ``device_kernels``: a GPU split's held-out device keeps that many of its operator records in the operator
+    regressor's training (:func:`fit_op_regressor`); the report records it, and reports of different values
+    do not merge."""
     from .evaluate import EVAL_SPLITS, evaluate
 
     unknown = [m for m in methods if m not in METHODS]
@@ -83,7 +106,7 @@ def run_evaluation(data_dir: str | Path, methods: tuple[str, ...] = METHODS, spl
     op_for = None
     if any(needs_ops(m) for m in methods):
         def op_for(exclude: Optional[Callable[[str], bool]]):
-            return fit_op_regressor(exclude, client=client, seed=seed)
+            return fit_op_regressor(exclude, client=client, seed=seed, device_kernels=device_kernels)
     # learned node times feed only gnn_residual+ops, and cost minutes on thousands of large graphs
     loader = _loader(data_dir, progress, limit_simulated, node_times="gnn_residual+ops" in methods)
     report = evaluate(loader, methods=methods,
@@ -92,6 +115,7 @@ def run_evaluation(data_dir: str | Path, methods: tuple[str, ...] = METHODS, spl
     report["data"] = data_description(data_dir)
     report["gnn_params"] = dict(gnn_params or {})
     report["folds"] = folds
+    report["device_kernels"] = device_kernels
     return report
 
 
