@@ -946,6 +946,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
             report = load_json_file(args.evaluation)
         except InputError as exc:
             raise UsageError(f"{prog}: error: --evaluation: {exc}") from None
+        # its device splits kept some of the held-out devices' kernels: they would calibrate the interval of a
+        # device nobody measured on devices that were partly measured, too narrow
+        if isinstance(report, dict) and report.get("device_kernels"):
+            raise UsageError(f"{prog}: error: --evaluation {args.evaluation} was made with --device-kernels "
+                             f"{report['device_kernels']}: its devices are not unseen; give a report made without it")
     method = args.method
     chosen_by = "--method"
     means = None

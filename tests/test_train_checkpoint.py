@@ -69,6 +69,10 @@ def test_evaluate_records_device_kernels_and_refuses_a_negative_count(data, tmp_
     capsys.readouterr()
     assert main(["evaluate", "--data", str(data), "--device-kernels", "-1"]) == 2
     assert "--device-kernels" in capsys.readouterr().err
+    # such a report's devices were partly measured: it must not calibrate the interval of unseen ones
+    assert main(["train", "--data", str(data), "--out", str(tmp_path / "c"), "--method", "simulator",
+                 "--evaluation", str(report), "--no-progress", "--surrogate-runs", "0"]) == 2
+    assert "made with --device-kernels 30" in capsys.readouterr().err
 
 
 def test_excluded_rows_keep_k_kernels_of_each_held_out_device():
