@@ -60,7 +60,7 @@ def main(argv=None) -> int:
     from learnedperf.measure.public import load_neusight_steps
     from learnedperf.models import LearnedOpCost, OpTimeRegressor
     from learnedperf.models.dataset import device_class
-    from learnedperf.models.gbdt import load_op_training_data
+    from learnedperf.models.gbdt import draw_per_device, load_op_training_data
     from learnedperf.simulate import simulate
     from learnedperf.specs import RunSpec
 
@@ -70,9 +70,8 @@ def main(argv=None) -> int:
 
     t0 = time.perf_counter()
     try:
-        # every record (the held-out GPU's kernels are drawn from and scored on these), and the rows the
-        # shipped regressor trains on (fit_op_regressor: rows_per_device of each, seed 0)
-        every, drawn = (load_op_training_data(rows_per_device=r, seed=0) for r in (None, args.rows_per_device))
+        # every record: the held-out GPU's kernels are drawn from and scored on these
+        every = load_op_training_data()
         steps = load_neusight_steps().records
     except LearnedPerfError as exc:
         print(f"few_shot_device: error: {exc}", file=sys.stderr)
@@ -81,7 +80,9 @@ def main(argv=None) -> int:
     def gpus(df):
         return df[(df["device_name"].astype(str).map(device_class) != "cpu").to_numpy()].reset_index(drop=True)
 
-    every, drawn = gpus(every), gpus(drawn)
+    # the rows the shipped regressor trains on (fit_op_regressor: rows_per_device of each, seed 0), drawn from the
+    # same records as load_op_training_data(rows_per_device=...) draws them, without reading them again
+    every, drawn = gpus(every), gpus(draw_per_device(every, args.rows_per_device, seed=0)[0])
     names = sorted(every["device_name"].unique())
     wanted = [w.strip() for w in args.devices.split(",") if w.strip()]
     held_out = [n for n in names if not wanted or any(w in n for w in wanted)]

@@ -935,7 +935,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     """``learnedperf train``: fit a method on a data set and write a verified checkpoint."""
     from .checkpoint import load_checkpoint, save_checkpoint
     from .io import load_json_file
-    from .models.evaluate import format_table
+    from .models.evaluate import format_table, require_unseen_devices
     from .models.iteration import METHODS
     from .models.pipeline import choose_method, fit_model, measured_runs
 
@@ -946,11 +946,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
             report = load_json_file(args.evaluation)
         except InputError as exc:
             raise UsageError(f"{prog}: error: --evaluation: {exc}") from None
-        # its device splits kept some of the held-out devices' kernels: they would calibrate the interval of a
-        # device nobody measured on devices that were partly measured, too narrow
-        if isinstance(report, dict) and report.get("device_kernels"):
-            raise UsageError(f"{prog}: error: --evaluation {args.evaluation} was made with --device-kernels "
-                             f"{report['device_kernels']}: its devices are not unseen; give a report made without it")
+        try:
+            require_unseen_devices(report)
+        except InputError as exc:
+            raise UsageError(f"{prog}: error: --evaluation {args.evaluation}: {exc}") from None
     method = args.method
     chosen_by = "--method"
     means = None

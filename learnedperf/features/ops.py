@@ -122,7 +122,7 @@ ROOFLINE_COLUMN = "log_roofline_s"
 
 
 # ------------------------------------------------------------------ devices
-def _device_dict(device: Any) -> dict:
+def device_descriptor(device: Any) -> dict:
     """A device descriptor as a plain dict (accepts a dict, a JSON string or a DeviceSpec)."""
     if isinstance(device, str):
         try:
@@ -144,7 +144,7 @@ def _device_row(device: Any) -> list[float]:
     An L2 size that is absent, null or 0 is unknown (NaN): every device has an on-chip cache, and
     DeviceSpec stores a size missing from the data sheet as 0.
     """
-    d = _device_dict(device)
+    d = device_descriptor(device)
     peaks = d.get("peak_tflops") or {}
     if not isinstance(peaks, Mapping) or not peaks.get("fp32"):
         raise InputError(f"device {d.get('name', '?')}: peak_tflops.fp32 is required")

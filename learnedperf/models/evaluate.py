@@ -228,6 +228,16 @@ def evaluate(runs_for: Callable[[Optional[Any]], Runs], methods: tuple[str, ...]
     return report
 
 
+def require_unseen_devices(report: Any) -> None:
+    """Raise :class:`InputError` when ``report`` was made with ``device_kernels`` (``learnedperf evaluate
+    --device-kernels``): its device splits kept some of the held-out devices' kernels, so they would calibrate
+    the interval of a device nobody measured on devices that were partly measured, too narrow."""
+    kernels = report.get("device_kernels") if isinstance(report, dict) else None
+    if kernels:
+        raise InputError(f"the report was made with --device-kernels {kernels}: its devices are not unseen; "
+                         "give a report made without it")
+
+
 def novelty_residuals(report: dict, method: str, leave_out: tuple[str, ...] = ()) -> tuple[dict, dict]:
     """Leave-domain-out residuals ``log(measured / predicted)`` of ``method`` per novelty class, from the
     test-side predictions of an evaluation report (:func:`evaluate`).
@@ -254,6 +264,8 @@ def novelty_residuals(report: dict, method: str, leave_out: tuple[str, ...] = ()
 
     from .intervals import NOVELTY_CLASSES, novelty_of_split
     from .metrics import _pair
+
+    require_unseen_devices(report)
 
     rows: dict[str, tuple[list, list]] = {}
     for i, row in enumerate(report.get("predictions", [])):

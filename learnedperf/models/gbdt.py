@@ -48,7 +48,8 @@ from typing import Any, Iterable
 from ..cost import CommCost, CostModel, RooflineCost
 from ..errors import InputError, LearnedPerfError
 from ..io import load_json_file
-from ..features.ops import OP_FEATURE_SCHEMA, ROOFLINE_COLUMN, FeatureSchema, op_features, op_features_from_ops
+from ..features.ops import (OP_FEATURE_SCHEMA, ROOFLINE_COLUMN, FeatureSchema, device_descriptor, op_features,
+                            op_features_from_ops)
 from ..graph.ops import Op
 from ..measure.records import sha256_file
 from ..specs import HardwareSpec
@@ -344,8 +345,7 @@ class OpTimeRegressor:
         import numpy as np
 
         t = self.predict(op_features(records))
-        offsets = getattr(self, "device_offsets_", None)
-        if offsets and len(t):
+        if self.device_offsets_ and len(t):
             t = t * np.exp([self._offset(n, k, d) for n, k, d in zip(
                 records["device_name"].astype(str), records["kind"].astype(str), records["dtype"].astype(str))])
         return t
@@ -357,8 +357,8 @@ class OpTimeRegressor:
 
         ops = list(ops)
         t = self.predict(op_features_from_ops(ops, device))
-        name = _device_name(device)
-        if len(t) and name in (getattr(self, "device_offsets_", None) or {}):
+        name = str(device_descriptor(device).get("name", ""))
+        if len(t) and name in self.device_offsets_:
             t = t * np.exp([self._offset(name, op.kind, op.dtype) for op in ops])
         return t
 
@@ -387,7 +387,7 @@ class OpTimeRegressor:
         cov = getattr(self, "coverage_", None)
         if cov is not None:
             meta["coverage"] = [[*key, n] for key, n in sorted(cov.items())]
-        meta["device_offsets"] = getattr(self, "device_offsets_", {})
+        meta["device_offsets"] = self.device_offsets_
         (directory / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         return directory
 
@@ -464,14 +464,18 @@ def fit_device_offsets(names: Any, kinds: Any, dtypes: Any, log_resid: Any, prio
 
     df = pd.DataFrame({"name": names, "kind": kinds, "dtype": dtypes, "r": np.asarray(log_resid, dtype=np.float64)})
     df = df[np.isfinite(df["r"])]
+
+    def stored(value: float) -> float:
+        return round(max(-MAX_DEVICE_OFFSET, min(MAX_DEVICE_OFFSET, value)), 6)
+
     out: dict[str, dict[str, float]] = {}
     for (name, dtype), g in df.groupby(["name", "dtype"], sort=True):
         base = float(np.median(g["r"])) * len(g) / (len(g) + prior_rows)
         per = out.setdefault(str(name), {})
-        per[f"*/{dtype}"] = round(max(-MAX_DEVICE_OFFSET, min(MAX_DEVICE_OFFSET, base)), 6)
+        per[f"*/{dtype}"] = stored(base)
         for kind, gk in g.groupby("kind", sort=True):
-            value = base + (float(np.median(gk["r"])) - base) * len(gk) / (len(gk) + prior_rows)
-            per[f"{kind}/{dtype}"] = round(max(-MAX_DEVICE_OFFSET, min(MAX_DEVICE_OFFSET, value)), 6)
+            weight = len(gk) / (len(gk) + prior_rows)
+            per[f"{kind}/{dtype}"] = stored(base + (float(np.median(gk["r"])) - base) * weight)
     return out
 
 
@@ -488,17 +492,6 @@ def _read_offsets(data: Any, where: Path) -> dict:
         raise InputError(f"{where}: 'device_offsets' must map device names to {{'kind/dtype': log offset}} "
                          f"with finite offsets of at most {MAX_DEVICE_OFFSET} in magnitude")
     return {name: {k: float(v) for k, v in per.items()} for name, per in data.items()}
-
-
-def _device_name(device: Any) -> str:
-    """The name of a device descriptor (a dict, its JSON text or a DeviceSpec); '' when it has none."""
-    if isinstance(device, str):
-        try:
-            device = json.loads(device)
-        except json.JSONDecodeError:
-            return ""
-    name = device.get("name") if isinstance(device, dict) else getattr(device, "name", None)
-    return str(name) if name is not None else ""
 
 
 #: ``datasets/measured`` of the repository this package sits in (learnedperf/../datasets/measured).
@@ -624,19 +617,28 @@ def load_op_training_data(measured_dirs: Iterable[str | Path] | None = None, neu
         skipped[f"{prov}: time_ms missing or not positive"] = int(n)
     df = df[~bad].reset_index(drop=True)
     if rows_per_device is not None:
-        rng = np.random.default_rng(seed)
-        keep, dropped = [], 0
-        # groups in sorted order, so the draw depends only on the data and the seed
-        for _, idx in sorted(df.groupby(["provenance", "device_name"]).indices.items()):
-            if len(idx) > rows_per_device:
-                dropped += len(idx) - rows_per_device
-                idx = rng.choice(idx, rows_per_device, replace=False)
-            keep.append(idx)
+        df, dropped = draw_per_device(df, rows_per_device, seed)
         if dropped:
             skipped[f"rows_per_device={rows_per_device}: not drawn"] = dropped
-        df = df.iloc[np.sort(np.concatenate(keep))].reset_index(drop=True)
     df.attrs["skipped"] = skipped
     return df
+
+
+def draw_per_device(records: Any, rows_per_device: int, seed: int = 0) -> tuple[Any, int]:
+    """At most ``rows_per_device`` rows of each (provenance, device) pair of operator records, drawn without
+    replacement with ``seed`` (:func:`load_op_training_data`'s ``rows_per_device``), and the number of rows
+    not drawn. The same records and arguments give the same rows."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    keep, dropped = [], 0
+    # groups in sorted order, so the draw depends only on the data and the seed
+    for _, idx in sorted(records.groupby(["provenance", "device_name"]).indices.items()):
+        if len(idx) > rows_per_device:
+            dropped += len(idx) - rows_per_device
+            idx = rng.choice(idx, rows_per_device, replace=False)
+        keep.append(idx)
+    return records.iloc[np.sort(np.concatenate(keep))].reset_index(drop=True), dropped
 
 
 def _lgbm_names() -> list[str]:
