@@ -273,6 +273,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=_positive_int, default=1, metavar="N", help="torch threads per process")
     p.add_argument("--parts", default="collectives,ops,steps", metavar="LIST",
                    help="comma-separated parts to measure: collectives, ops, steps (default: all)")
+    p.add_argument("--device-spec", metavar="NAME|FILE.json",
+                   help="with --device cuda: the data sheet the records describe the GPU by, as a prediction for it "
+                        "is asked (a catalog device, or a DeviceSpec JSON file); default: the catalog entry of the "
+                        "name the driver reports")
+    p.add_argument("--time-budget-s", type=_positive_int, metavar="S",
+                   help="start no operator case or step after S seconds; those not run are listed in the manifest")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     p.set_defaults(handler=_cmd_measure)
 
@@ -677,11 +683,20 @@ def _cmd_measure(args: argparse.Namespace) -> int:
         if not torch.cuda.is_available():
             print("learnedperf measure: error: --device cuda: no CUDA device is available", file=sys.stderr)
             return 1
+    if args.device_spec is not None and args.device != "cuda":
+        raise UsageError("learnedperf measure: error: --device-spec describes a GPU (--device cuda); a CPU's records "
+                         "carry its measured descriptor")
     out = args.out or default_out(args.quick, args.host)
     command = "learnedperf measure " + " ".join(_measure_argv(args))
     try:
+        spec = args.device_spec
+        if spec is not None and spec.lower().endswith(".json"):
+            from .io import load_json_file
+
+            spec = load_json_file(spec)
         manifest = collect(out, quick=args.quick, parts=parts, device=args.device, threads=args.threads,
-                           command=command, progress=args.progress)
+                           command=command, progress=args.progress, device_spec=spec,
+                           time_budget_s=args.time_budget_s)
     except LearnedPerfError as exc:
         print(f"learnedperf measure: error: {_error_text(exc)}", file=sys.stderr)
         return 1
@@ -694,7 +709,9 @@ def _measure_argv(args: argparse.Namespace) -> list[str]:
     """The flags of a ``measure`` call (defaults spelt out), as the manifest records the command."""
     out = ["--quick"] * args.quick + [f"--device {args.device}", f"--threads {args.threads}",
                                       f"--parts {args.parts}"]
-    return out + ([f"--out {args.out}"] if args.out else []) + ([f"--host {args.host}"] if args.host else [])
+    return (out + ([f"--out {args.out}"] if args.out else []) + ([f"--host {args.host}"] if args.host else [])
+            + ([f"--device-spec {args.device_spec}"] if args.device_spec else [])
+            + ([f"--time-budget-s {args.time_budget_s}"] if args.time_budget_s else []))
 
 
 def _cmd_ingest(args: argparse.Namespace) -> int:

@@ -82,6 +82,22 @@ def reference_cluster(device: str) -> str | None:
     return next((c for c, entry in _load("clusters")[0].items() if entry.get("device") == key), None)
 
 
+#: Words a driver puts before a device's name ("NVIDIA H100 PCIe", "Tesla T4", "AMD Instinct MI300X").
+_VENDOR_WORDS = ("nvidia ", "tesla ", "amd instinct ", "amd ")
+
+
+def device_by_reported_name(reported: str) -> str | None:
+    """The catalog device whose name or alias is ``reported``, the name a driver gives a device
+    (``torch.cuda.get_device_properties(i).name``: ``'NVIDIA H100 80GB HBM3'``, ``'Tesla V100-SXM2-32GB'``),
+    or None. Only exact matches (case, spaces and punctuation aside), with or without the vendor's word:
+    a near name is another part (``'NVIDIA H100 NVL'`` is not the H100 PCIe), and a MIG slice's name
+    (``'... MIG 1g.10gb'``) is not the whole device."""
+    index = _load("devices")[1]
+    text = reported.strip()
+    candidates = [text] + [text[len(w):] for w in _VENDOR_WORDS if text.lower().startswith(w)]
+    return next((index[_norm(c)] for c in candidates if _norm(c) in index), None)
+
+
 def source(kind: str, name: str) -> dict:
     """The raw catalog entry (with its ``sources``/``source`` notes) of a name."""
     entries, index = _load(kind)

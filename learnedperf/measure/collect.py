@@ -14,9 +14,13 @@ One collection, in order:
    overlap benchmark (``link_fits``);
 3. **ops**: the operator grid of :func:`~learnedperf.measure.ops.op_grid`;
 4. **steps**: the training-step grid of :func:`~learnedperf.measure.steps.step_grid`, each step's
-   run carrying the device descriptor and fitted link of its process count; the descriptor also
-   carries the kernel curves fitted on the operator records (this collection's, or the directory's
-   earlier ones: :mod:`learnedperf.measure.curves`).
+   run carrying the device descriptor and fitted link of its process count; on a CPU the descriptor
+   also carries the kernel curves fitted on the operator records (this collection's, or the
+   directory's earlier ones: :mod:`learnedperf.measure.curves`).
+
+On a GPU every record describes the device by its data sheet (:func:`gpu_datasheet`), and the
+measured descriptors stay in the manifest; ``time_budget_s`` bounds a collection that a lent
+machine's time limit would otherwise kill with nothing written.
 
 Records go to ``<out>/ops_<tag>.parquet``, ``ops_<tag>_collectives.parquet`` and
 ``steps_<tag>.parquet`` (``tag`` = ``cpu`` or ``cuda``, plus ``_quick`` for ``--quick``), and
@@ -40,7 +44,8 @@ from typing import Any, Callable, Iterable, Optional
 
 from ..errors import InputError, LearnedPerfError
 from .quiet import QUIET_SHARE, Window, logical_cpus, wait_until_quiet
-from .records import OP_COLUMNS, STEP_COLUMNS, host_name, now_utc, software_versions, write_manifest, write_parquet
+from .records import (DATASHEET_SOURCE, OP_COLUMNS, STEP_COLUMNS, host_name, now_utc, software_versions,
+                      write_manifest, write_parquet)
 
 PARTS = ("collectives", "ops", "steps")
 """What a collection can measure (the device descriptors are always measured)."""
@@ -69,9 +74,17 @@ def _bar(iterable: Iterable, total: int, desc: str, show: bool, unit: str = "rec
 
 
 def collect(out: str | Path, *, quick: bool = False, parts: Iterable[str] = PARTS, device: str = "cpu",
-            threads: int = 1, command: str = "", progress: bool = True,
+            threads: int = 1, command: str = "", progress: bool = True, device_spec: Any = None,
+            time_budget_s: Optional[float] = None,
             log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr)) -> dict:
     """Measure this machine and write the data set into ``out``; return the manifest.
+
+    On a GPU every record (operator, collective, step) describes the device by its **data sheet**
+    (:func:`gpu_datasheet`), not by what was measured: the operator regressor learns a GPU's
+    kernels against its data sheet (NeuSight's GPUs, and every prediction asked for a catalog
+    device), and learns a measured device's offsets by its name, so records described by measured
+    peaks would teach it another scale under a name no prediction uses. The measured descriptors
+    stay in the manifest (``devices``), with the achieved share of the data sheet (``datasheet``).
 
     Args:
         out: the data set directory (created if needed).
@@ -81,10 +94,17 @@ def collect(out: str | Path, *, quick: bool = False, parts: Iterable[str] = PART
         threads: torch intra-op threads per process.
         command: the command line, stored in the manifest.
         progress: show progress bars on stderr.
+        device_spec: on a GPU, the data sheet its records are described by: a catalog device name or a
+            DeviceSpec dict (default: the catalog entry of the name the driver reports; see
+            :func:`gpu_datasheet`). Refused on a CPU, whose records carry its measured descriptor.
+        time_budget_s: stop starting operator cases and steps this many seconds after the collection
+            started; those not run are listed in the manifest (``skipped``, reason ``time budget``), and
+            what was measured is written. ``None``: no limit.
         log: where one-line status messages go.
 
     Raises:
-        InputError: an unknown part or device.
+        InputError: an unknown part or device, a ``device_spec`` on a CPU, a GPU whose data sheet is
+            not known (not in the catalog and no ``device_spec``) or does not describe it, a bad budget.
     """
     from .bench import (bench_collectives, bench_in_stream, bench_overlap, describe_device, fit_busbw_ratios,
                         fit_link, fit_link_in_stream, host_descriptor)
@@ -97,6 +117,12 @@ def collect(out: str | Path, *, quick: bool = False, parts: Iterable[str] = PART
             raise InputError(f"parts: unknown part {p!r} (known: {', '.join(PARTS)})")
     if device not in ("cpu", "cuda"):
         raise InputError(f"device: expected 'cpu' or 'cuda', got {device!r}")
+    if device_spec is not None and device != "cuda":
+        raise InputError("device_spec: a GPU's data sheet; a CPU's records carry its measured descriptor")
+    if time_budget_s is not None and (isinstance(time_budget_s, bool) or not isinstance(time_budget_s, (int, float))
+                                      or not time_budget_s > 0):
+        raise InputError(f"time_budget_s: expected a positive number of seconds, got {time_budget_s!r}")
+    deadline = None if time_budget_s is None else time.monotonic() + float(time_budget_s)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tag = device + ("_quick" if quick else "")
@@ -129,11 +155,22 @@ def collect(out: str | Path, *, quick: bool = False, parts: Iterable[str] = PART
     if quiet["before"] is not None and quiet["before"]["contended"]:
         log(f"measure: other processes still use {quiet['before']['foreign_share']:.0%} of the CPUs after "
             "30 s; measuring anyway (the manifest records it under quiet.before)")
+    datasheet = None
+    if device == "cuda":
+        # before anything is timed: a GPU whose data sheet is not known stops here, not after the grids
+        datasheet, datasheet_report = gpu_datasheet(*_cuda_identity(), device_spec)
+        log(f"measure: records describe this GPU by the data sheet of {datasheet['name']} "
+            f"({datasheet_report['how']})")
     descriptors: dict[tuple[int, int], dict] = {}
     for w, t in setups:
         log(f"measure: device descriptor for {w} concurrent process(es) of {t} thread(s) ...")
         descriptors[(w, t)] = describe_device(device, threads=t, concurrent=w, quick=quick)
     devices = {w: descriptors[(w, threads)] for w in worlds}
+    if datasheet is not None:
+        datasheet_report["achieved_share"] = achieved_share(descriptors[(1, threads)], datasheet)
+        log(f"measure: achieved share of the data sheet: {datasheet_report['achieved_share']}")
+        # what every record says the device is (the measured descriptors stay in the manifest)
+        devices = {w: datasheet for w in worlds}
     files: list[str] = []
     link_fits: dict[int, dict] = {}
     if "collectives" in parts:
@@ -192,7 +229,8 @@ def collect(out: str | Path, *, quick: bool = False, parts: Iterable[str] = PART
         for n, case in enumerate(_bar(cases, len(cases), "operator cases", progress, unit="case"), start=1):
             chunk.append(case)
             chunk_records += profile_case(case)
-            if time.perf_counter() - window.t0 < _OP_WINDOW_S and n < len(cases):
+            stop = n < len(cases) and _spent(deadline)
+            if time.perf_counter() - window.t0 < _OP_WINDOW_S and n < len(cases) and not stop:
                 continue
             label = f"operator cases {chunk[0].label()} .. {chunk[-1].label()}"
             recs, check = _quietly((chunk_records, window.close()), lambda c=chunk: profile_cases(c), label,
@@ -200,6 +238,12 @@ def collect(out: str | Path, *, quick: bool = False, parts: Iterable[str] = PART
             records += recs
             op_checks.append(check)
             chunk, chunk_records, window = [], [], Window()
+            if stop:  # after the window's records are kept: what was measured is written
+                left = cases[n:]
+                skipped.append({"op": f"{len(left)} operator case(s) from {left[0].label()} on",
+                                "reason": f"time budget of {time_budget_s:g} s spent"})
+                log(f"measure: time budget spent: {len(left)} operator case(s) not run (listed in the manifest)")
+                break
         quiet["ops"] = _share_summary(op_checks)
         files.append(write_parquet(records, out / f"ops_{tag}.parquet", OP_COLUMNS, "operator").name)
         skipped += op_skips
@@ -209,9 +253,18 @@ def collect(out: str | Path, *, quick: bool = False, parts: Iterable[str] = PART
     if "steps" in parts:
         step_devices, curves_report = _step_devices(descriptors, records if "ops" in parts else None,
                                                     out / f"ops_{tag}.parquet", log)
+        if datasheet is not None:
+            # A prediction for this GPU is asked with its data sheet: its steps are runs on it. The kernel
+            # curves fitted on its operators stay in the manifest (kernel_curves); the regressor has them.
+            step_devices = {k: datasheet for k in step_devices}
         records = []
         failed: list[dict] = []
-        for config in _bar(steps, len(steps), "steps", progress, unit="step"):
+        for i, config in enumerate(_bar(steps, len(steps), "steps", progress, unit="step")):
+            if _spent(deadline):
+                skipped.append({"op": f"{len(steps) - i} step(s) from {config.label()} on",
+                                "reason": f"time budget of {time_budget_s:g} s spent"})
+                log(f"measure: time budget spent: {len(steps) - i} step(s) not run (listed in the manifest)")
+                break
             w = config.world_size
             hw = {"device": step_devices[(w, config.threads)], "devices_per_node": w, **links.get(w, {})}
             try:
@@ -233,7 +286,9 @@ def collect(out: str | Path, *, quick: bool = False, parts: Iterable[str] = PART
                   "devices": {f"{w}x{t}": d for (w, t), d in descriptors.items()},
                   "links": {str(w): v for w, v in links.items()},
                   "link_fits": {str(w): v for w, v in link_fits.items()}, "skipped": skipped, "quiet": quiet,
-                  "kernel_curves": curves_report}
+                  "kernel_curves": curves_report,
+                  **({"datasheet": datasheet_report} if datasheet is not None else {}),
+                  **({"time_budget_s": time_budget_s} if time_budget_s is not None else {})}
     if quiet["contended"]:
         log(f"measure: {len(quiet['contended'])} case(s) stayed contended after a re-measurement (listed in the "
             "manifest under quiet.contended): other processes used the CPUs while they ran")
@@ -242,6 +297,96 @@ def collect(out: str | Path, *, quick: bool = False, parts: Iterable[str] = PART
     manifest_path = write_manifest(out, command=command, host=host_descriptor(),
                                    extra={"collections": history + [collection]})
     return json.loads(manifest_path.read_text(encoding="utf-8"))
+
+
+#: Least share of its data sheet's memory a GPU may report (torch's total_memory is a few per cent
+#: below the data sheet's: ECC and driver reservations; a T4 reports 14.75 of 16 GiB).
+_MEMORY_SHARE_MIN = 0.85
+
+
+def gpu_datasheet(reported: str, num_sms: int, memory_GiB: float, device_spec: Any = None) -> tuple[dict, dict]:
+    """The data-sheet descriptor that a GPU's records carry, and how it was chosen (for the manifest).
+
+    Args:
+        reported: the name the driver gives the GPU (``torch.cuda.get_device_properties(0).name``).
+        num_sms: its SM (compute unit) count as the driver reports it.
+        memory_GiB: its memory as the driver reports it.
+        device_spec: a catalog device name or a DeviceSpec dict; ``None``: the catalog entry of
+            ``reported`` (:func:`~learnedperf.catalog.device_by_reported_name`).
+
+    Returns:
+        ``(descriptor, report)``: the DeviceSpec dict, its ``sources`` saying so under
+        :data:`DATASHEET_SOURCE`; and ``{"device", "reported_name", "how"}``.
+
+    Raises:
+        InputError: ``reported`` is not in the catalog and no ``device_spec`` is given; the data sheet is
+            invalid; or it does not describe this GPU: another SM count (a MIG slice, another part) or
+            more memory than the GPU has (or under :data:`_MEMORY_SHARE_MIN` of it).
+    """
+    from ..catalog import device_by_reported_name, get_device, names
+    from ..errors import SpecError
+    from ..specs import DeviceSpec
+
+    if device_spec is None:
+        key = device_by_reported_name(reported)
+        if key is None:
+            import difflib
+
+            close = difflib.get_close_matches(reported.lower(), [n.lower() for n in names("devices")], n=3,
+                                              cutoff=0.3)
+            hint = f" (close: {', '.join(close)})" if close else ""
+            raise InputError(f"GPU {reported!r} is not in the catalog: its records are described by a data sheet, "
+                             "the one a prediction for it is asked with; give --device-spec with a catalog device"
+                             f"{hint} or a DeviceSpec JSON file of its data sheet")
+        spec, how = get_device(key, field="device_spec"), f"the catalog's entry of the driver's name {reported!r}"
+    elif isinstance(device_spec, str):
+        spec, how = get_device(device_spec, field="device_spec"), f"the catalog's {device_spec!r}, as given"
+    elif isinstance(device_spec, dict):
+        spec, how = device_spec, "a data sheet given as a DeviceSpec"
+    else:
+        raise InputError(f"device_spec: expected a catalog device name or a DeviceSpec dict, got "
+                         f"{type(device_spec).__name__}")
+    try:
+        sheet = DeviceSpec.parse(spec, "device_spec").to_dict()
+    except SpecError as exc:
+        raise InputError(str(exc)) from None
+    if sheet.get("num_sms") and num_sms and sheet["num_sms"] != num_sms:
+        raise InputError(f"device_spec: {sheet['name']} has {sheet['num_sms']} SMs, this GPU ({reported!r}) "
+                         f"{num_sms}: a MIG slice or another part; give the data sheet that describes it")
+    mem = sheet.get("memory_GiB")
+    if mem and memory_GiB and not _MEMORY_SHARE_MIN * mem <= memory_GiB <= mem * 1.001:
+        raise InputError(f"device_spec: {sheet['name']} has {mem:g} GiB, this GPU ({reported!r}) reports "
+                         f"{memory_GiB:.2f} GiB: not the same part; give the data sheet that describes it")
+    sheet["sources"] = {**sheet.get("sources", {}), DATASHEET_SOURCE: (
+        f"data sheet of the measured GPU {reported!r} ({how}): learnedperf measure describes a GPU's records "
+        "as a prediction for it is asked; what it measured is in the manifest's 'devices'")}
+    return sheet, {"device": sheet["name"], "reported_name": reported, "how": how}
+
+
+def achieved_share(measured: dict, sheet: dict) -> dict:
+    """Measured peak per dtype and memory bandwidth as a share of the data sheet's (rounded; a share over
+    1 says the data sheet understates the part, or the benchmark measured something else)."""
+    out = {}
+    for dtype, v in measured.get("peak_tflops", {}).items():
+        ref = sheet.get("peak_tflops", {}).get(dtype)
+        if v and ref:
+            out[dtype] = round(v / ref, 3)
+    if measured.get("memory_bandwidth_GBps") and sheet.get("memory_bandwidth_GBps"):
+        out["memory_bandwidth"] = round(measured["memory_bandwidth_GBps"] / sheet["memory_bandwidth_GBps"], 3)
+    return out
+
+
+def _spent(deadline: Optional[float]) -> bool:
+    return deadline is not None and time.monotonic() >= deadline
+
+
+def _cuda_identity() -> tuple[str, int, float]:
+    """The name, SM count and memory (GiB) the driver reports for ``cuda:0``."""
+    import torch
+
+    props = torch.cuda.get_device_properties(0)
+    return (str(props.name), int(getattr(props, "multi_processor_count", 0) or 0),
+            float(props.total_memory) / 2**30)
 
 
 def _cuda_device_count() -> int:

@@ -194,13 +194,19 @@ def attach_curves(directory: str | Path, command: str = "") -> dict:
     """
     import pandas as pd
 
-    from .records import amend_steps, verify_manifest
+    from .records import amend_steps, is_datasheet, verify_manifest
 
     directory = Path(directory)
     manifest = verify_manifest(directory)
     op_files = sorted(f for f in directory.glob("ops*.parquet") if not f.stem.endswith("_collectives"))
     if not op_files or not any(directory.glob("steps*.parquet")):
         raise InputError(f"{directory}: needs operator (ops*.parquet) and step (steps*.parquet) records")
+    for f in sorted(directory.glob("steps*.parquet")):
+        described = [json.loads(r)["hardware"]["device"] for r in pd.read_parquet(f, columns=["run"])["run"]]
+        if any(isinstance(d, dict) and is_datasheet(d) for d in described):
+            # a prediction for a GPU is asked with its data sheet, not with curves (collect.gpu_datasheet)
+            raise InputError(f"{f}: its steps describe a GPU by its data sheet, as a prediction for it is asked; "
+                             "kernel curves are added to measured descriptors (CPU data sets) only")
     ops = pd.concat([pd.read_parquet(f) for f in op_files], ignore_index=True)
     curves, report = fit_device_curves(single_process_compute(ops.to_dict("records")))
     if not curves["kernel_curves"] and not curves["optimizer_step"]:

@@ -1502,15 +1502,11 @@ def _quantile(values: list[float], q: float) -> float:
 
 
 def _device_from_catalog(name: str) -> Optional[dict]:
-    from ..catalog import get_device
+    from ..catalog import device_by_reported_name, get_device
     from ..specs import DeviceSpec
 
-    for candidate in (name, re.sub(r"^(NVIDIA|Tesla|AMD|AMD Instinct)\s+", "", name)):
-        try:
-            return DeviceSpec.parse(get_device(candidate), "device").to_dict()
-        except SpecError:
-            continue
-    return None
+    key = device_by_reported_name(name)
+    return None if key is None else DeviceSpec.parse(get_device(key), "device").to_dict()
 
 
 def _resolve_device(trace: dict, device: Any, gpu: bool) -> dict:

@@ -88,6 +88,16 @@ STEP_COLUMNS = {
 }
 
 
+#: Key of a device descriptor's ``sources`` that says its records describe a GPU by its data sheet
+#: (:func:`learnedperf.measure.collect.gpu_datasheet`), not by what was measured on it.
+DATASHEET_SOURCE = "basis"
+
+
+def is_datasheet(descriptor: dict) -> bool:
+    """Whether a record's device descriptor is a GPU's data sheet (see :data:`DATASHEET_SOURCE`)."""
+    return DATASHEET_SOURCE in (descriptor.get("sources") or {})
+
+
 def canonical_json(value) -> str:
     """Compact JSON with sorted keys: the same value always gives the same text."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
