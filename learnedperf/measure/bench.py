@@ -158,7 +158,8 @@ def host_descriptor() -> dict:
 # ------------------------------------------------------------ measurement
 def _sync(torch, device: str) -> None:
     if device.startswith("cuda"):
-        torch.cuda.synchronize()
+        # the device the work ran on ("cuda:N"), not whichever is current
+        torch.cuda.synchronize(device)
 
 
 def other_machine(manifest: dict) -> str:
@@ -191,8 +192,8 @@ def _plan(device: str, threads: int, quick: bool, concurrent: int) -> dict:
 
     GEMM sizes per dtype: a 256 (CUDA: 1024) probe, then larger squares while the n³ extrapolated
     call time stays under the limit, which keeps a slow dtype (fp16 without CPU kernels) from running
-    for minutes. Bandwidth arrays: 64 MiB quick; 512 MiB (CUDA 1 GiB) otherwise, at most 1/8 of the
-    available memory per process (three arrays each).
+    for minutes. Bandwidth arrays: 64 MiB quick, 512 MiB otherwise (CUDA: 1 GiB, quick or not), at most
+    1/8 of the available memory per process (three arrays each).
     """
     import psutil
     import torch
@@ -221,7 +222,9 @@ def _plan(device: str, threads: int, quick: bool, concurrent: int) -> dict:
     finally:
         torch.set_num_threads(prev)
     avail = psutil.virtual_memory().available if kind == "cpu" else torch.cuda.mem_get_info(device)[0]
-    nbytes = 64 * MiB if quick else (512 * MiB if kind == "cpu" else GiB)
+    # a GPU's arrays are 1 GiB even when quick: 64 MiB is about an H100's or H200's L2 (50 MiB; B200: 126 MB), and
+    # a 64 MiB copy takes ~40 µs there, of the order of the host's synchronize round trip the timer includes
+    nbytes = (64 * MiB if kind == "cpu" else GiB) if quick else (512 * MiB if kind == "cpu" else GiB)
     nbytes = int(max(16 * MiB, min(nbytes, avail / (8 * 3 * max(1, concurrent if kind == "cpu" else 1)))))
     return {"device": device, "threads": threads, "gemm_sizes": gemm, "gemm_skipped": skipped,
             "stream_bytes": nbytes, "reps": 3 if quick else 5}
@@ -282,6 +285,10 @@ def _measure(plan: dict, sync: Callable[[], None]) -> dict:
         del a, b, c
     finally:
         torch.set_num_threads(prev)
+        if device.startswith("cuda"):
+            # hand the GEMM and STREAM buffers (several GiB) back to the driver: this process stays alive
+            # while the measured steps run in child processes that need the GPU's memory
+            torch.cuda.empty_cache()
     return out
 
 
@@ -293,6 +300,9 @@ def _device_worker(rank: int, plan: dict, barrier, timeout_s: float, queue) -> N
             import torch
 
             plan["device"] = f"cuda:{rank % max(1, torch.cuda.device_count())}"
+            # make it the current device too: CUDA calls that take no device (synchronize, the current
+            # stream) must act on the GPU this rank measures, not on cuda:0
+            torch.cuda.set_device(plan["device"])
         result = _measure(plan, lambda: barrier.wait(timeout_s))
         queue.put((rank, "ok", result))
     except BaseException:  # noqa: BLE001 - reported to the parent, which raises

@@ -361,9 +361,29 @@ class Attention(nn.Module):
         if self.rope and rope is not None:
             cos, sin = rope
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        kwargs = {"enable_gqa": True} if hl != kl else {}
+        kwargs = {}
+        if hl != kl:
+            if gqa_needs_expanded_kv(q):
+                # repeat every k/v head over its group of query heads, as enable_gqa does (repeat_interleave on
+                # the head dim), so that a fused kernel runs: see gqa_needs_expanded_kv
+                k = k.repeat_interleave(hl // kl, dim=1)
+                v = v.repeat_interleave(hl // kl, dim=1)
+            else:
+                kwargs = {"enable_gqa": True}
         o = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, **kwargs)
         return self.proj(o.transpose(1, 2).reshape(b, s, hl * hd))
+
+
+def gqa_needs_expanded_kv(q: torch.Tensor) -> bool:
+    """Whether grouped-query attention must repeat its k/v heads itself rather than pass ``enable_gqa``.
+
+    On CUDA, ``enable_gqa`` is taken by FlashAttention only (fp16 / bf16); in fp32 SDPA then falls back to its
+    math kernel, which materialises the ``[batch, heads, seq, seq]`` scores and keeps them for backward
+    (TinyLlama's fp32 steps at micro-batch 4: 2 GiB per layer, 44 GiB in all: out of memory on an 80 GB GPU,
+    and not the fused attention the run's ``flash_attention`` says). With the heads repeated, the
+    memory-efficient fused kernel runs. CPU steps and bf16 / fp16 ones keep ``enable_gqa`` (unchanged).
+    """
+    return q.device.type == "cuda" and q.dtype not in (torch.float16, torch.bfloat16)
 
 
 def activate(y: torch.Tensor, activation: str) -> torch.Tensor:

@@ -619,6 +619,7 @@ class _Timer:
     def __init__(self, device: str):
         self.cuda = device.startswith("cuda")
         self.name = "cuda_event" if self.cuda else "perf_counter"
+        self.device = device
         if self.cuda:
             import torch
 
@@ -627,16 +628,21 @@ class _Timer:
     def sync(self) -> None:
         """Wait for queued device work (no-op on CPU)."""
         if self.cuda:
-            self._torch.cuda.synchronize()
+            # the case's device ("cuda:N"), which need not be the current one
+            self._torch.cuda.synchronize(self.device)
 
     def time_ms(self, fn: Callable[[], Any]) -> float:
         """Milliseconds one call of ``fn`` takes on the device."""
         if self.cuda:
-            start = self._torch.cuda.Event(enable_timing=True)
-            end = self._torch.cuda.Event(enable_timing=True)
-            start.record()
+            torch = self._torch
+            # the events go on the stream the case's kernels are queued on: the current stream of its
+            # device (a bare Event.record() uses the current device's, wrong for "cuda:N" when N is not current)
+            stream = torch.cuda.current_stream(self.device)
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record(stream)
             fn()
-            end.record()
+            end.record(stream)
             end.synchronize()
             return float(start.elapsed_time(end))
         t0 = time.perf_counter()

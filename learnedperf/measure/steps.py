@@ -903,12 +903,29 @@ def _pipeline_step(plan: StepPlan, chunks: list, optimizer, batches, groups, coo
     return step
 
 
+def _self_time_us(evt, cuda: bool) -> float:
+    """An event's self time (µs): the device's for a CUDA step, else the host's.
+
+    Recent torch (2.4 on) names it ``self_device_time_total`` and keeps ``self_cuda_time_total`` as a deprecated
+    alias, which may go; an older torch has only the old name. The new name is read first, the old one otherwise,
+    so that profiling works on whichever torch the GPU machine has.
+    """
+    if not cuda:
+        return evt.self_cpu_time_total
+    for name in ("self_device_time_total", "self_cuda_time_total"):
+        value = getattr(evt, name, None)
+        if value is not None:
+            return value
+    raise AttributeError(f"profiler event {getattr(evt, 'key', evt)!r} has no self device time "
+                         "(self_device_time_total / self_cuda_time_total)")
+
+
 def _profile_rows(prof, iterations: int, cuda: bool = False) -> list[dict]:
     """Per-op rows of a profile: self time per iteration, the GPU's for a CUDA step (its host time is the
     launches only)."""
     rows = []
     for evt in prof.key_averages():
-        total_us = evt.self_device_time_total if cuda else evt.self_cpu_time_total
+        total_us = _self_time_us(evt, cuda)
         self_ms = total_us / 1000.0 / iterations
         if self_ms > 0:
             rows.append({"name": evt.key, "calls": int(round(evt.count / iterations)),
