@@ -9,6 +9,7 @@ on CPU tensors, where its result must equal the branch CPU runs.
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 import types
@@ -28,9 +29,9 @@ class _FakeEvent:
     """A CUDA event: records on a stream; its elapsed time needs both events completed (synchronized), as
     cudaEventElapsedTime fails with cudaErrorNotReady otherwise."""
 
-    def __init__(self, log: list, enable_timing: bool = False):
+    def __init__(self, log: list, enable_timing: bool = False, elapsed_ms: float = 2.5):
         assert enable_timing, "elapsed_time needs enable_timing=True"
-        self.log, self.stream, self.done = log, None, False
+        self.log, self.stream, self.done, self.elapsed_ms = log, None, False, elapsed_ms
 
     def record(self, stream=None):
         self.stream = stream
@@ -45,12 +46,12 @@ class _FakeEvent:
             raise RuntimeError("event not recorded")
         if not end.done:
             raise RuntimeError("CUDA error: device not ready")
-        return 2.5
+        return self.elapsed_ms
 
 
-def _fake_cuda_torch(log: list) -> types.SimpleNamespace:
+def _fake_cuda_torch(log: list, elapsed_ms: float = 2.5) -> types.SimpleNamespace:
     cuda = types.SimpleNamespace(
-        Event=lambda enable_timing=False: _FakeEvent(log, enable_timing),
+        Event=lambda enable_timing=False: _FakeEvent(log, enable_timing, elapsed_ms),
         current_stream=lambda device=None: log.append(("current_stream", device)) or f"stream-of-{device}",
         synchronize=lambda device=None: log.append(("synchronize", device)),
     )
@@ -77,14 +78,35 @@ def test_the_repeat_loop_drains_the_device_before_every_timed_call():
     log: list = []
     timer = ops._Timer("cuda")
     timer._torch = _fake_cuda_torch(log)
-    times = ops._repeat(timer, lambda: log.append(("call",)), lambda: None, warmup=2, repeats=3, min_repeats=1,
-                        budget_s=100.0)
-    assert times == [2.5, 2.5, 2.5]
-    # two untimed calls, one synchronize; then per timed call a synchronize and the bracketing events
+    times, calls = ops._repeat(timer, lambda: log.append(("call",)), lambda: None, warmup=2, repeats=3,
+                               min_repeats=1, budget_s=100.0)
+    # a 2.5 ms call spans more than GPU_MIN_SPAN_MS alone: one call per sample
+    assert times == [2.5, 2.5, 2.5] and calls == 1
+    # two untimed calls, one synchronize; then the probe and each timed call: a synchronize and the bracketing events
     kinds = [e[0] for e in log]
     assert kinds[:3] == ["call", "call", "synchronize"]
     timed = kinds[3:]
-    assert timed == ["synchronize", "current_stream", "record", "call", "record", "event_sync"] * 3
+    assert timed == ["synchronize", "current_stream", "record", "call", "record", "event_sync"] * 4
+
+
+def test_a_short_gpu_call_is_timed_back_to_back_and_divided():
+    # a 0.02 ms call: 25 back-to-back calls reach the 0.5 ms span; the events bracket all 25, and the span
+    # the fake reports (0.02 ms, whatever it brackets) is divided by them
+    log: list = []
+    timer = ops._Timer("cuda")
+    timer._torch = _fake_cuda_torch(log, elapsed_ms=0.02)
+    assert ops.gpu_calls(0.02) == 25 and ops.gpu_calls(2.5) == 1 and ops.gpu_calls(0.0) == ops.GPU_MAX_CALLS
+    assert ops.gpu_calls(1e-4) == ops.GPU_MAX_CALLS
+    times, calls = ops._repeat(timer, lambda: log.append(("call",)), lambda: log.append(("prepare",)), warmup=0,
+                               repeats=2, min_repeats=1, budget_s=100.0)
+    assert calls == 25 and times == [pytest.approx(0.02 / 25)] * 2
+    # the last sample: prepare, sync, stream, record, the calls, record, wait
+    sample = [e[0] for e in log][-(4 + 25 + 24 + 2):]
+    assert sample[:4] == ["prepare", "synchronize", "current_stream", "record"]
+    assert sample[-2:] == ["record", "event_sync"]
+    # each call after the first runs after its prepare (a backward's gradients reset), all inside the events
+    body = sample[4:-2]
+    assert body == ["call"] + ["prepare", "call"] * 24
 
 
 def test_the_cpu_timer_touches_no_cuda_api(monkeypatch):
@@ -285,3 +307,56 @@ def test_the_gpu_plan_sizes_gemms_by_the_probe_and_streams_arrays_beyond_l2(monk
     # quick: the 20 ms limit keeps 1024 (1 ms) and 2048 (8 ms); the arrays stay 1 GiB, far beyond a GPU's L2
     quick = bench._plan("cuda", 1, True, 1)
     assert quick["gemm_sizes"]["fp32"] == [1024, 2048] and quick["stream_bytes"] == GiB
+
+
+# ----------------------------------------------------------------------------- the GPU's operator grid
+def test_the_gpu_grid_reaches_the_sizes_training_runs():
+    from learnedperf.measure.ops import flops_bytes, op_grid
+
+    def most_flops(cases, kinds):
+        return max(flops_bytes(c, "fwd")[0] for c in cases if c.op in kinds)
+
+    def most_elements(cases, kinds):
+        return max(math.prod(c.shape) for c in cases if c.op in kinds)
+
+    cpu, gpu = op_grid(device="cpu", dtypes=("fp32",)), op_grid(device="cuda")
+    # the caps of ops._SIZE_LIMITS: 2^32 FLOPs on a core (~40 ms), 2^41 on a GPU (an 8192 x 8192 x 16384 GEMM)
+    assert 2**31 < most_flops(cpu, ("linear", "bmm")) <= 2**32
+    assert 2**40 < most_flops(gpu, ("linear", "bmm")) <= 2**41
+    assert most_elements(cpu, ("add", "gelu", "layer_norm")) <= 2**24
+    assert 2**27 < most_elements(gpu, ("add", "gelu", "layer_norm")) <= 2**28
+    # a GPU times bf16 first, then fp32, fp16 last: a spent time budget cuts fp16 first
+    order = [c.dtype for c in gpu if c.kind != "optimizer"]
+    assert order.index("fp32") > max(i for i, d in enumerate(order) if d == "bf16")
+    assert order.index("fp16") > max(i for i, d in enumerate(order) if d == "fp32")
+
+
+def test_fp32_cases_on_a_gpu_run_without_tf32_and_the_flags_come_back(monkeypatch):
+    # cuDNN runs fp32 convolutions in TF32 by default on Ampere and later: an "fp32" record must be FP32 math
+    seen = []
+
+    def build(case, device):
+        def forward():
+            seen.append((torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32))
+            return x * 2.0
+
+        x = torch.ones(4, requires_grad=True)
+        return ops._Built(forward, [x])
+
+    class CpuTimer(ops._Timer):  # the case runs on the CPU; only the device name says cuda
+        def __init__(self, device):
+            super().__init__("cpu")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(ops, "_build", build)
+    monkeypatch.setattr(ops, "_Timer", CpuTimer)
+    before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    try:  # torch's flag objects do not take monkeypatch's undo: set and restored here
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        case = ops.OpCase("gelu", "elementwise", (2, 2), {}, "fp32")
+        records = ops.profile_op(case, "cuda", warmup=1, repeats=2, min_repeats=1,
+                                 descriptor={"name": "H100-SXM5-80GB"})
+        assert len(records) == 2 and seen and set(seen) == {(False, False)}
+        assert torch.backends.cudnn.allow_tf32 is True and torch.backends.cuda.matmul.allow_tf32 is True
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before

@@ -368,6 +368,10 @@ def test_the_gpu_grid_is_one_process_runs_of_valid_specs():
     tiny_llama = next(c for c in grid if c.model["name"] == "tinyllama-1.1b-like")
     assert ModelSpec.model_validate(
         {k: v for k, v in tiny_llama.model.items() if k != "name"}).num_params() == pytest.approx(1.1e9, rel=0.01)
+    # GPU-sized (21) and small (25) steps in turns: a time budget that runs out leaves some of each
+    from learnedperf.measure.steps import GPU_GRID_MODELS
+
+    assert [c.model["name"] in GPU_GRID_MODELS for c in grid] == [True, False] * 21 + [False] * 4
     quick = step_grid(quick=True, device="cuda")
     assert [c.world_size for c in quick] == [1, 1]
     with pytest.raises(InputError, match="device: expected 'cpu' or 'cuda'"):

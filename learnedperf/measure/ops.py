@@ -299,10 +299,12 @@ def default_dtypes(device: str = "cpu") -> tuple[str, ...]:
 
     fp32 and bf16 always; fp16 on CUDA, and on CPU when fp16 GEMMs run at a reasonable speed
     (:func:`dtype_skip_reason`); other fp16 operators that have no fast CPU kernels are then
-    skipped one by one, with their reason, when profiled.
+    skipped one by one, with their reason, when profiled. On CUDA bf16 comes first, then fp32: the
+    grid runs in this order, and a time budget that runs out (a lent GPU's minutes) cuts the last
+    dtype. bf16 is what training runs in; fp32 is what NeuSight measured five other GPUs in.
     """
     if device.startswith("cuda"):
-        return ("fp32", "bf16", "fp16")
+        return ("bf16", "fp32", "fp16")
     return ("fp32", "bf16") if dtype_skip_reason(device, "fp16", "linear") else ("fp32", "bf16", "fp16")
 
 
@@ -388,7 +390,7 @@ def op_grid(quick: bool = False, dtypes: Optional[Iterable[str]] = None, device:
     for d in dtypes:
         if d not in DTYPES:
             raise InputError(f"dtypes: unknown dtype {d!r} (known: {', '.join(DTYPES)})")
-    shapes = _quick_shapes() if quick else _full_shapes()
+    shapes = _quick_shapes() if quick else _full_shapes(device)
     cases: list[OpCase] = []
     for dt in dtypes:
         for op, shape, params in shapes:
@@ -433,21 +435,38 @@ FULL_COUNTS = {"linear": 420, "bmm": 130, "sdpa": 150, "layer_norm": 50, "rms_no
                "cross_entropy": 48, "adamw": 16, "sgd": 12}
 
 
-def _full_shapes() -> list[tuple[str, tuple, dict]]:
-    # FLOP / element caps keep one call under ~100 ms on one core at ~100 GFLOP/s (fp32) and ~10 GB/s
-    # (a 2^32-FLOP GEMM is ~40 ms forward, twice that backward).
-    gemm_cap = 2.0**32
-    dims = _log_range(32, 2048, 2)  # 32, 48, 64, 96, 128, ... 1536, 2048
+#: Size limits of the full grid. CPU: one call stays under ~100 ms on one core at ~100 GFLOP/s (fp32) and
+#: ~10 GB/s (a 2^32-FLOP GEMM is ~40 ms forward, twice that backward). GPU: the sizes training runs on. A
+#: 2^32-FLOP GEMM takes ~5 µs on an H100 in bf16 (8192^3 ran at ~790 TFLOP/s there: the device tool's notes),
+#: under its launch overhead, so a CPU-sized grid would teach the regressor nothing of a GPU's large
+#: kernels; 2^41 FLOPs is ~3 ms in bf16 and ~40 ms in fp32, and a 2^28-element tensor is 1 GiB in fp32.
+_SIZE_LIMITS = {
+    "cpu": {"gemm_flops": 2.0**32, "gemm_dims": (32, 2048), "bmm_dims": (16, 512), "seq": (64, 2048),
+            "rows": (32, 16384), "cols": (64, 8192), "elems": 2**24, "emb_tokens": 16384, "emb_elems": 2**25,
+            "conv_elems": 2**23, "ce_rows": 8192, "ce_vocabs": (1000, 8192, 32000, 50257), "ce_elems": 2**24,
+            "params": (2**12, 2**25)},
+    "cuda": {"gemm_flops": 2.0**41, "gemm_dims": (32, 16384), "bmm_dims": (16, 4096), "seq": (64, 8192),
+             "rows": (32, 65536), "cols": (64, 16384), "elems": 2**28, "emb_tokens": 65536, "emb_elems": 2**30,
+             "conv_elems": 2**27, "ce_rows": 32768, "ce_vocabs": (1000, 32000, 50257, 128256), "ce_elems": 2**29,
+             "params": (2**12, 2**28)},
+}
+
+
+def _full_shapes(device: str = "cpu") -> list[tuple[str, tuple, dict]]:
+    lim = _SIZE_LIMITS["cuda" if device.startswith("cuda") else "cpu"]
+    gemm_cap = lim["gemm_flops"]
+    dims = _log_range(*lim["gemm_dims"], 2)  # 32, 48, 64, 96, 128, ... 1536, 2048 (CPU)
     out: list[tuple[str, tuple, dict]] = []
 
     lin = [(1, m, n, k) for m in dims for n in dims for k in dims if 2 * m * n * k <= gemm_cap]
     out += [("linear", s, {}) for s in _spread(lin, FULL_COUNTS["linear"], lambda s: 2 * math.prod(s))]
-    small = _log_range(16, 512, 2)
+    small = _log_range(*lim["bmm_dims"], 2)
     bmm = [(b, m, n, k) for b in (2, 4, 8, 16, 32, 64) for m in small for n in small for k in small
            if 2 * b * m * n * k <= gemm_cap]
     out += [("bmm", s, {}) for s in _spread(bmm, FULL_COUNTS["bmm"], lambda s: 2 * math.prod(s))]
 
-    att = [(b, h, s, s, d, c) for b in (1, 2, 4, 8) for h in (1, 2, 4, 8, 16) for s in (64, 128, 256, 512, 1024, 2048)
+    seqs = _log_range(*lim["seq"], 1)
+    att = [(b, h, s, s, d, c) for b in (1, 2, 4, 8) for h in (1, 2, 4, 8, 16) for s in seqs
            for d in (32, 64, 128) for c in (False, True) if 4 * b * h * s * s * d <= gemm_cap / 2]
     # a few cross-attention / decoding-like shapes with s_q != s_kv (not causal)
     att += [(b, h, sq, skv, d, False) for b in (1, 4) for h in (4, 8) for sq in (1, 64, 256) for skv in (512, 2048)
@@ -455,9 +474,9 @@ def _full_shapes() -> list[tuple[str, tuple, dict]]:
     for b, h, sq, skv, d, c in _spread(att, FULL_COUNTS["sdpa"], lambda s: 4 * math.prod(s[:5]) + s[5]):
         out.append(("sdpa", (b, h, sq, skv, d), {"causal": c}))
 
-    rows = _log_range(32, 16384, 1)
-    cols = _log_range(64, 8192, 2)
-    rc = [(r, c) for r in rows for c in cols if 4096 <= r * c <= 2**24]
+    rows = _log_range(*lim["rows"], 1)
+    cols = _log_range(*lim["cols"], 2)
+    rc = [(r, c) for r in rows for c in cols if 4096 <= r * c <= lim["elems"]]
     for op, params in (("layer_norm", {"eps": 1e-5}), ("rms_norm", {"eps": 1e-6}), ("softmax", {}),
                        ("gelu", {}), ("silu", {}), ("add", {}), ("mul", {}), ("dropout", {"p": 0.1})):
         # offset the spread per op so different ops see different aspect ratios of the same sizes
@@ -465,8 +484,8 @@ def _full_shapes() -> list[tuple[str, tuple, dict]]:
         start = sum(map(ord, op)) % 3
         out += [(op, s, params) for s in picks[start::3][: FULL_COUNTS[op]]]
 
-    emb = [(t, h, v) for t in _log_range(64, 16384, 1) for h in (128, 256, 512, 768, 1024, 2048, 4096)
-           for v in (1000, 8192, 32000, 50257) if t * h <= 2**24 and v * h <= 2**25]
+    emb = [(t, h, v) for t in _log_range(64, lim["emb_tokens"], 1) for h in (128, 256, 512, 768, 1024, 2048, 4096)
+           for v in (1000, 8192, 32000, 50257) if t * h <= lim["elems"] and v * h <= lim["emb_elems"]]
     out += [("embedding", (t, h), {"vocab": v})
             for t, h, v in _spread(emb, FULL_COUNTS["embedding"], lambda s: s[0] * s[1] + s[1] * s[2])]
 
@@ -480,16 +499,16 @@ def _full_shapes() -> list[tuple[str, tuple, dict]]:
                             if k > hw:
                                 continue
                             ho = _conv_out(hw, k, stride, k // 2)
-                            if 2.0 * b * co * ho * ho * ci * k * k <= gemm_cap and b * ci * hw * hw <= 2**23:
+                            if 2.0 * b * co * ho * ho * ci * k * k <= gemm_cap and b * ci * hw * hw <= lim["conv_elems"]:
                                 conv.append((b, ci, co, k, hw, stride))
     for b, ci, co, k, hw, stride in _spread(conv, FULL_COUNTS["conv2d"],
                                             lambda s: 2.0 * s[0] * s[2] * s[4] ** 2 * s[1] * s[3] ** 2 / s[5] ** 2):
         out.append(("conv2d", (b, ci, co, k, hw, hw), {"stride": stride, "padding": k // 2}))
 
-    ce = [(r, v) for r in _log_range(32, 8192, 1) for v in (1000, 8192, 32000, 50257) if r * v <= 2**24]
+    ce = [(r, v) for r in _log_range(32, lim["ce_rows"], 1) for v in lim["ce_vocabs"] if r * v <= lim["ce_elems"]]
     out += [("cross_entropy", s, {}) for s in _spread(ce, FULL_COUNTS["cross_entropy"], lambda s: s[0] * s[1])]
 
-    sizes = _log_range(2**12, 2**25, 2)  # flat parameter of 4 K .. 32 M elements
+    sizes = _log_range(*lim["params"], 2)  # flat parameter of 4 K .. 32 M elements (CPU)
     out += [("adamw", (n, 1), {"clip_grad_norm": 1.0}) for n in _spread(sizes, FULL_COUNTS["adamw"], float)]
     out += [("sgd", (n, 1), {"clip_grad_norm": 1.0}) for n in _spread(sizes, FULL_COUNTS["sgd"], float)]
     return out
@@ -521,9 +540,12 @@ def _build(case: OpCase, device: str) -> _Built:
 
     dt = _torch_dtype(case.dtype)
     g = torch.Generator().manual_seed(0)
+    # A GPU's inputs are drawn on the GPU: the GPU grid's tensors reach 2^28 elements, seconds each on one core
+    gen = torch.Generator(device=device).manual_seed(0) if device.startswith("cuda") else g
+    where = device if device.startswith("cuda") else "cpu"
 
     def rnd(*shape, grad=True, dtype=dt, scale=1.0):
-        t = (torch.randn(*shape, generator=g) * scale).to(device=device, dtype=dtype)
+        t = (torch.randn(*shape, generator=gen, device=where) * scale).to(device=device, dtype=dtype)
         return t.requires_grad_(grad)
 
     op, p, s = case.op, case.params, case.shape
@@ -596,7 +618,8 @@ def _build_optimizer(case: OpCase, device: str) -> _Built:
     prec = case.params.get("precision", "fp32")
     clip = float(case.params.get("clip_grad_norm", 1.0))
     master = torch.nn.Parameter(torch.zeros(n, device=device, dtype=torch.float32))
-    grad = torch.randn(n, generator=torch.Generator().manual_seed(0)).to(device) * 1e-3
+    where = device if device.startswith("cuda") else "cpu"  # drawn where it lives (up to 2^28 elements on a GPU)
+    grad = torch.randn(n, generator=torch.Generator(device=where).manual_seed(0), device=where).to(device) * 1e-3
     if case.op == "adamw":
         opt = torch.optim.AdamW([master], lr=1e-4, weight_decay=0.01)
     else:
@@ -631,8 +654,9 @@ class _Timer:
             # the case's device ("cuda:N"), which need not be the current one
             self._torch.cuda.synchronize(self.device)
 
-    def time_ms(self, fn: Callable[[], Any]) -> float:
-        """Milliseconds one call of ``fn`` takes on the device."""
+    def time_ms(self, fn: Callable[[], Any], calls: int = 1, prepare: Callable[[], None] = lambda: None) -> float:
+        """Milliseconds one call of ``fn`` takes on the device: ``calls`` back-to-back calls (CUDA only; each
+        after ``prepare``, host work that queues no kernel) between one pair of events, over ``calls``."""
         if self.cuda:
             torch = self._torch
             # the events go on the stream the case's kernels are queued on: the current stream of its
@@ -641,31 +665,56 @@ class _Timer:
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
             start.record(stream)
-            fn()
+            for i in range(calls):
+                if i:
+                    prepare()
+                fn()
             end.record(stream)
             end.synchronize()
-            return float(start.elapsed_time(end))
+            return float(start.elapsed_time(end)) / calls
         t0 = time.perf_counter()
         fn()
         return (time.perf_counter() - t0) * 1e3
 
 
+#: On a GPU, the timed calls of one sample span at least this long (ms), at most :data:`GPU_MAX_CALLS` calls.
+#: One call timed from an idle GPU includes the host's launch (5-20 µs forward, 30-100 µs for a backward
+#: through autograd): most of a small kernel. Back to back, the host queues the next call while the GPU runs
+#: this one, as in a training step, and a kernel shorter than its launch is timed at the host's rate.
+GPU_MIN_SPAN_MS = 0.5
+GPU_MAX_CALLS = 100
+
+
+def gpu_calls(one_call_ms: float) -> int:
+    """Back-to-back calls per timed sample on a GPU for a call that took ``one_call_ms`` alone."""
+    if not one_call_ms > 0:
+        return GPU_MAX_CALLS
+    return max(1, min(GPU_MAX_CALLS, math.ceil(GPU_MIN_SPAN_MS / one_call_ms)))
+
+
 def _repeat(timer: _Timer, call: Callable[[], Any], prepare: Callable[[], None], warmup: int, repeats: int,
-            min_repeats: int, budget_s: float) -> list[float]:
-    """Run ``warmup`` untimed calls, then timed calls until ``repeats`` or the time budget
-    (never fewer than ``min_repeats``); ``prepare`` runs untimed before each call."""
+            min_repeats: int, budget_s: float) -> tuple[list[float], int]:
+    """Run ``warmup`` untimed calls, then timed samples until ``repeats`` or the time budget
+    (never fewer than ``min_repeats``); ``prepare`` runs untimed before each call. A sample is one
+    call on CPU and :func:`gpu_calls` back-to-back calls on a GPU. Returns the per-call times of the
+    samples and the calls per sample."""
     for _ in range(warmup):
         prepare()
         call()
     timer.sync()
+    calls = 1
+    if timer.cuda:
+        prepare()
+        timer.sync()
+        calls = gpu_calls(timer.time_ms(call))
     times: list[float] = []
     while len(times) < repeats:
         prepare()
         timer.sync()
-        times.append(timer.time_ms(call))
-        if len(times) >= min_repeats and sum(times) >= budget_s * 1e3:
+        times.append(timer.time_ms(call, calls, prepare))
+        if len(times) >= min_repeats and sum(times) * calls >= budget_s * 1e3:
             break
-    return times
+    return times, calls
 
 
 def _stats(times_ms: list[float]) -> tuple[float, float, float]:
@@ -731,15 +780,20 @@ def profile_op(case: OpCase, device: str = "cpu", warmup: int = 2, repeats: int 
     timer = _Timer(device)
     prev_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
+    # fp32 is FP32 math, as the data sheets' fp32 peak and NeuSight's fp32 kernels are: cuDNN's convolutions
+    # default to TF32 on Ampere and later (matmuls do not), which would make fp32 conv2d records TF32 ones
+    prev_tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    if device.startswith("cuda"):
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     records = []
     try:
         torch.manual_seed(0)
         built = _build(case, device)
         for direction in case.directions:
             if direction == "opt":
-                times = _repeat(timer, built.step, lambda: None, warmup, repeats, min_repeats, budget_s)
+                times, calls = _repeat(timer, built.step, lambda: None, warmup, repeats, min_repeats, budget_s)
             elif direction == "fwd":
-                times = _repeat(timer, built.forward, lambda: None, warmup, repeats, min_repeats, budget_s)
+                times, calls = _repeat(timer, built.forward, lambda: None, warmup, repeats, min_repeats, budget_s)
             else:
                 out = built.forward()
                 grad_out = None if out.dim() == 0 else torch.ones_like(out)
@@ -749,8 +803,8 @@ def profile_op(case: OpCase, device: str = "cpu", warmup: int = 2, repeats: int 
                     for leaf in leaves:
                         leaf.grad = None
 
-                times = _repeat(timer, lambda: out.backward(grad_out, retain_graph=True), prepare, warmup,
-                                repeats, min_repeats, budget_s)
+                times, calls = _repeat(timer, lambda: out.backward(grad_out, retain_graph=True), prepare, warmup,
+                                       repeats, min_repeats, budget_s)
                 del out, grad_out
             med, p10, p90 = _stats(times)
             flops, nbytes = flops_bytes(case, direction)
@@ -759,7 +813,8 @@ def profile_op(case: OpCase, device: str = "cpu", warmup: int = 2, repeats: int 
                 "shape": canonical_json(list(case.shape)), "params": canonical_json(case.params),
                 "dtype": case.dtype, "flops": float(flops), "bytes": float(nbytes), "world_size": 1,
                 "time_ms": med, "time_p10_ms": p10, "time_p90_ms": p90, "repeats": len(times), "warmup": warmup,
-                "timer": timer.name, "device_name": desc_name, "device": desc_json,
+                "timer": timer.name + (f"_x{calls}" if calls > 1 else ""), "device_name": desc_name,
+                "device": desc_json,
                 "backend": "cuda" if device.startswith("cuda") else "cpu", "threads": threads,
                 "host": host_name(), "source": "measured", "measured_at": now_utc(),
             }))
@@ -769,6 +824,7 @@ def profile_op(case: OpCase, device: str = "cpu", warmup: int = 2, repeats: int 
         raise UnsupportedCase(case, f"{type(exc).__name__}: {msg[:300]}") from exc
     finally:
         torch.set_num_threads(prev_threads)
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = prev_tf32
     return records
 
 

@@ -54,7 +54,8 @@ OP_COLUMNS = {
     "time_p90_ms": "90th percentile",
     "repeats": "timed repetitions",
     "warmup": "untimed repetitions before timing",
-    "timer": "'perf_counter', 'cuda_event' or 'torch.profiler'",
+    "timer": "'perf_counter', 'cuda_event', 'cuda_event_xN' (N back-to-back calls per timed sample) or "
+             "'torch.profiler'",
     "device_name": "name of the device descriptor",
     "device": "JSON of the device descriptor (DeviceSpec fields)",
     "backend": "'cpu' or 'cuda' (compute); 'gloo' or 'nccl' (collectives)",

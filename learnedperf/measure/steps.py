@@ -63,6 +63,7 @@ Importing this module does not import torch.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -1308,16 +1309,20 @@ def gpu_step_grid(quick: bool = False) -> list[StepConfig]:
 
     if quick:
         return [cfg("gpt-tiny"), cfg("llama-small", precision="bf16")]
-    out = [cfg(f"{fam}-{size}", precision=p) for fam in ("gpt", "llama", "bert")
-           for size in ("tiny", "small", "medium", "large") for p in ("fp32", "bf16")]
-    out.append(cfg("moe-small", precision="bf16"))  # the CPU grid's MoE model, dropless
+    small = [cfg(f"{fam}-{size}", precision=p) for fam in ("gpt", "llama", "bert")
+             for size in ("tiny", "small", "medium", "large") for p in ("fp32", "bf16")]
+    small.append(cfg("moe-small", precision="bf16"))  # the CPU grid's MoE model, dropless
+    sized = []
     for name in GPU_GRID_MODELS:
         for p in ("fp32", "bf16"):
             for mbs in (1, 4):
-                out.append(cfg(name, precision=p, micro_batch_size=mbs))
-        out.append(cfg(name, precision="bf16", micro_batch_size=8))
-        out.append(cfg(name, precision="bf16", micro_batch_size=4, recompute="full"))
-        out.append(cfg(name, precision="bf16", micro_batch_size=2, global_batch_size=4))
+                sized.append(cfg(name, precision=p, micro_batch_size=mbs))
+        sized.append(cfg(name, precision="bf16", micro_batch_size=8))
+        sized.append(cfg(name, precision="bf16", micro_batch_size=4, recompute="full"))
+        sized.append(cfg(name, precision="bf16", micro_batch_size=2, global_batch_size=4))
+    # taken in turns, so that a time budget that runs out (a lent GPU's minutes) leaves some of each: the
+    # GPU-sized steps (compute-bound, what training runs) and the small ones (launch-bound: the kernel floor)
+    out = [c for pair in itertools.zip_longest(sized, small) for c in pair if c is not None]
     return out
 
 
