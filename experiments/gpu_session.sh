@@ -16,8 +16,8 @@
 # check the manifest (`python -c "from learnedperf.measure.records import verify_manifest as v; v('DIR')"`)
 # and retrain. The records describe the GPU by its catalog data sheet (see `learnedperf measure`).
 set -u
-OPS_S=${OPS_S:-270}
-STEPS_S=${STEPS_S:-210}
+OPS_S=${OPS_S:-220}
+STEPS_S=${STEPS_S:-280}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   || { echo "gpu_session: the carried wheels (.whl) did not install" >&2; exit 1; }
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1
