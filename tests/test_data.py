@@ -460,3 +460,17 @@ def test_vtrain_rows_become_measured_records():
         assert rec["run_id"] == step["run_id"] and rec["iteration_time_ms"] == step["iteration_time_ms"]
         pred = simulate(RunSpec.from_dict(json.loads(step["run"]))).to_prediction()
         assert rec["sim_iteration_time_ms"] == pytest.approx(pred["iteration_time_ms"], rel=1e-12)
+
+
+def test_the_lent_gpus_chip_is_one_device_split():
+    # the device tool lends an H100 or an H200: one chip (GH100), so a split holds all its parts out together,
+    # runs and kernels, and no other part (an A100, an H20 no catalog lists, an 'H1000' by prefix) falls in it
+    import pandas as pd
+
+    from learnedperf.models.evaluate import OP_DEVICE_HOLDOUT, test_mask
+
+    names = ["H100-SXM5-80GB", "H100-PCIE-80GB", "H200-SXM-141GB", "H800-SXM5-80GB", "GH200-96GB",
+             "A100-SXM4-80GB", "H20", "H1000-x", "cpu-intel-xeon-1t"]
+    df = pd.DataFrame({"device_type": names})
+    assert test_mask(df, "unseen_device:Hopper").tolist() == [True] * 5 + [False] * 4
+    assert [OP_DEVICE_HOLDOUT["unseen_device:Hopper"](n) for n in names] == [True] * 5 + [False] * 4

@@ -424,3 +424,18 @@ def test_a_cpu_split_refits_the_measured_device_constants_without_that_cpu(data)
     assert not np.allclose(refit.sim_ms[cpu], runs.sim_ms[cpu])
     assert (refit.sim_ms[~cpu] == runs.sim_ms[~cpu]).all()
     assert all(refit.graphs[i] is runs.graphs[i] for i in np.flatnonzero(~cpu))
+
+
+def test_a_device_split_with_no_measured_run_is_skipped_before_a_regressor_is_fitted(data):
+    # the data set has no measured run on a Hopper GPU: its split is skipped with the reason, and no operator
+    # regressor is fitted without the Hopper kernels (minutes on the full data) just to find that out
+    from learnedperf.models.evaluate import OP_DEVICE_HOLDOUT, evaluate
+    from learnedperf.models.pipeline import _loader
+
+    fitted = []
+    report = evaluate(_loader(data, False, 20, node_times=False), methods=("simulator",),
+                      splits=("unseen_scale", "unseen_device:Hopper"),
+                      op_regressor_for=lambda exclude: fitted.append(exclude))
+    assert report["splits"]["unseen_device:Hopper"]["skipped"] == "no measured test run"
+    assert "methods" in report["splits"]["unseen_scale"]
+    assert fitted == [None] and OP_DEVICE_HOLDOUT["unseen_device:Hopper"] not in fitted
