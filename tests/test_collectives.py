@@ -51,6 +51,20 @@ def test_hierarchical_allreduce_volumes(n, k):
     assert c.inter_bytes == pytest.approx(2 * (N - 1) / N * S / k, rel=1e-12)
 
 
+@pytest.mark.parametrize("n,k", [(16, 8), (64, 8), (512, 8), (24, 4)])
+def test_a_ring_pays_the_network_latency_only_where_it_crosses_a_node(n, k):
+    # a ring of n ranks over N nodes has N links between nodes: a pass of n-1 steps crosses N of them and
+    # n-1-N NVLink links (NCCL's tuner counts ring latency so: src/graph/tuning.cc). Before, every step paid
+    # the network's latency, and ZeRO-1/2's reduce-scatter + all-gather grew k times an all-reduce's latency.
+    N = n // k
+    one_pass = N * A_INTER + (n - 1 - N) * A_INTRA
+    assert cost("allgather", 1.0, n, k).latency_s == pytest.approx(one_pass, rel=1e-12)
+    assert cost("reducescatter", 1.0, n, k).latency_s == pytest.approx(one_pass, rel=1e-12)
+    ring = cost("allreduce", S, n, k)  # large: the ring's bandwidth wins over the tree
+    if ring.algorithm == "ring":
+        assert ring.latency_s == pytest.approx(2 * one_pass, rel=1e-12)
+
+
 @pytest.mark.parametrize("kind", ["allgather", "reducescatter"])
 @pytest.mark.parametrize("n,k", [(8, 8), (4, 4), (16, 1), (16, 8), (32, 4)])
 def test_allgather_reducescatter_are_half_of_allreduce(kind, n, k):

@@ -11,11 +11,17 @@ For a group of ``n`` ranks with ``k`` in each of ``N = n/k`` nodes and a buffer 
 * all-to-all: ``(k-1)/n·S`` inside the node, ``(n-k)/n·S`` across;
 * point-to-point: ``S`` on the level the two ranks share.
 
-Latency: a ring takes ``2(n-1)`` (all-reduce) or ``n-1`` steps of the slowest
-level's per-step latency; NCCL's tree (double binary tree across nodes, a
-chain inside) takes ``2(k-1)`` intra steps plus ``2·log2(N)`` inter steps and
-moves about ``2·S/k`` per rank's network share. The faster of the two is used,
-as NCCL's tuner does.
+Latency: a ring takes ``2(n-1)`` (all-reduce) or ``n-1`` steps, each at the latency
+of the link it crosses. A ring of ``n`` ranks over ``N`` nodes has ``N`` links between
+nodes, so a pass of ``n-1`` steps crosses about ``N`` of them and ``n-1-N`` NVLink (intra)
+links: ``N·α_inter + (n-1-N)·α_intra`` per pass, twice for an all-reduce. NCCL's tuner
+counts a ring's latency the same way, intra steps at the intra latency and inter steps at
+the network's (``src/graph/tuning.cc``, ``ncclTopoTuneModel``). Charging every step at the
+network latency, as this model did before, made a reduce-scatter plus an all-gather
+(ZeRO-1/2) cost ``k`` times an all-reduce's latency on ``k``-GPU nodes and grow without bound
+with the data-parallel size. NCCL's tree (double binary tree across nodes, a chain inside)
+takes ``2(k-1)`` intra steps plus ``2·log2(N)`` inter steps and moves about ``2·S/k`` per
+rank's network share. The faster of the two is used, as NCCL's tuner does.
 """
 
 from __future__ import annotations
@@ -36,16 +42,19 @@ def collective_cost(op: Op, alpha_intra_s: float, alpha_inter_s: float, bw_intra
     n, k = g.size, max(1, g.per_node)
     N = max(1, n // k)
     a_step = alpha_inter_s if N > 1 else alpha_intra_s
+    # one pass of a ring: n-1 steps, of which those that cross a node boundary wait on the network
+    inter_steps = min(N, n - 1) if N > 1 else 0
+    ring_pass_s = inter_steps * alpha_inter_s + (n - 1 - inter_steps) * alpha_intra_s
     kind = op.kind
     if kind == "allreduce":
-        ring = CommCost(2 * (n - 1) * a_step, 2 * (k - 1) / k * S, 2 * (N - 1) / N * S / k if N > 1 else 0.0)
+        ring = CommCost(2 * ring_pass_s, 2 * (k - 1) / k * S, 2 * (N - 1) / N * S / k if N > 1 else 0.0)
         if N <= 2:
             return ring
         tree = CommCost(2 * (k - 1) * alpha_intra_s + 2 * math.log2(N) * alpha_inter_s,
                         2 * (k - 1) / k * S, 2 * S / k, "tree")
         return min((ring, tree), key=lambda c: _standalone(c, bw_intra_Bps, bw_inter_Bps))
     if kind in ("allgather", "reducescatter"):
-        return CommCost((n - 1) * a_step, (k - 1) / k * S, (N - 1) / N * S / k if N > 1 else 0.0)
+        return CommCost(ring_pass_s, (k - 1) / k * S, (N - 1) / N * S / k if N > 1 else 0.0)
     if kind == "alltoall":
         return CommCost((n - 1) * a_step if N > 1 else (k - 1) * alpha_intra_s, (k - 1) / n * S,
                         (n - k) / n * S)
