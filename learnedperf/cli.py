@@ -365,7 +365,8 @@ def _load_run_file(path: str) -> Any:
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"{path}: cannot read: {exc}") from None
     try:
-        return json.loads(text)
+        # stdin ('-') is opened without io's 'utf-8-sig': a byte-order mark some editors write is dropped here
+        return json.loads(text.removeprefix("\ufeff"))
     except json.JSONDecodeError as exc:
         raise InputError(f"{path}: invalid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
 
@@ -484,9 +485,9 @@ def _answer_line(answer: Answer, line_no: int, item: Any) -> tuple[dict, bool]:
         return answer(item, False)[0], True
     except Exception as exc:  # noqa: BLE001 - every failure of one line is that line's error
         out: dict[str, Any] = {"error": f"line {line_no}: {_error_text(exc)}", "line": line_no}
-        run_id = item.get("id", item.get("run_id")) if isinstance(item, dict) else None
-        if run_id is not None:
-            out["id"] = str(run_id)
+        from .predict import _echoed_id
+
+        out.update(_echoed_id(item.get("id", item.get("run_id")) if isinstance(item, dict) else None))
         return out, False
 
 

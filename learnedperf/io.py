@@ -24,13 +24,15 @@ PathOrStream = Union[str, "os.PathLike[str]", IO[str]]
 Item = Union[dict, InputError]
 """What the readers yield per record: the parsed object, or the error that replaced it."""
 
+_BOM = "\ufeff"  # the byte-order mark, as a UTF-8 file that starts with one reads when decoded as plain utf-8
+
 
 def _describe(path: Any) -> str:
     return "<stdin>" if path == "-" else os.fspath(path)
 
 
 def open_input(path: str | os.PathLike[str]) -> TextIO:
-    """Open ``path`` for reading UTF-8 text; ``"-"`` returns :data:`sys.stdin`.
+    """Open ``path`` for reading UTF-8 text (a leading byte-order mark is dropped); ``"-"`` returns :data:`sys.stdin`.
 
     Raises:
         InputError: the file is missing, a directory or unreadable; the message names the path.
@@ -38,7 +40,9 @@ def open_input(path: str | os.PathLike[str]) -> TextIO:
     if path == "-":
         return sys.stdin
     try:
-        return open(path, encoding="utf-8")  # noqa: SIM115 - the caller closes it
+        # utf-8-sig: editors on Windows save UTF-8 with a byte-order mark, which json.loads refuses
+        # ("Unexpected UTF-8 BOM"); the codec drops it and reads the rest as plain UTF-8
+        return open(path, encoding="utf-8-sig")  # noqa: SIM115 - the caller closes it
     except OSError as exc:
         raise InputError(f"{_describe(path)}: cannot read: {exc.strerror or exc}") from None
 
@@ -90,8 +94,13 @@ def _json_type(value: Any) -> str:
 
 
 def _lines(stream: IO[str]) -> Iterator[tuple[int, str]]:
-    """Non-blank lines of ``stream``, stripped, with their 1-based line numbers."""
+    """Non-blank lines of ``stream``, stripped, with their 1-based line numbers (a leading byte-order mark
+    dropped)."""
     for line_no, line in enumerate(stream, start=1):
+        if line_no == 1:
+            # a stream this module did not open (stdin, a caller's file) may still start with the
+            # mark that open_input's utf-8-sig drops; str.strip() keeps it (it is not whitespace)
+            line = line.removeprefix(_BOM)
         if line.strip():
             yield line_no, line.strip()
 
@@ -122,8 +131,10 @@ def read_records(source: PathOrStream) -> Iterator[tuple[int, Item]]:
     number of its first line). Detection: if the first non-blank line is not
     valid JSON on its own, the whole content is tried as one JSON document; if
     that is not an object either, the content is read as JSON Lines after all
-    (so each bad line gets its own error). Only then is the rest of the input
-    buffered; a valid JSON Lines input is streamed.
+    (so each bad line gets its own error), except that a JSON array (one line or
+    pretty-printed over many) yields one InputError saying so, and nothing else.
+    Only then is the rest of the input buffered; a valid JSON Lines input is streamed.
+    A leading byte-order mark is dropped.
 
     Raises:
         InputError: ``source`` is a path that cannot be opened.
@@ -146,6 +157,14 @@ def read_records(source: PathOrStream) -> Iterator[tuple[int, Item]]:
             whole = None
         if isinstance(whole, dict):
             yield first_no, whole
+            return
+        if isinstance(whole, list):
+            # a JSON array of runs (pretty-printed or not) is a common mistake for JSON Lines: one
+            # error saying so, rather than one "invalid JSON" per line of the array
+            items = f"{len(whole)} item{'' if len(whole) == 1 else 's'}"
+            yield first_no, InputError(f"line {first_no}: the input is a JSON array ({items}), not JSON Lines: "
+                                       "expected JSON Lines (one JSON object, e.g. one run, per line) or a single "
+                                       "JSON object; put each element on a line of its own (e.g. jq -c '.[]')")
             return
         yield first_no, item
         yield from ((n, _decode(text, n)) for n, text in rest)
@@ -205,7 +224,7 @@ def load_json_file(path: str | os.PathLike[str]) -> Any:
         InputError: the file cannot be read or is not JSON; the message names the path (and the line).
     """
     try:
-        with open(path, encoding="utf-8") as fh:
+        with open(path, encoding="utf-8-sig") as fh:  # drops a leading byte-order mark (see open_input)
             text = fh.read()
     except OSError as exc:
         raise InputError(f"{_describe(path)}: cannot read: {exc.strerror or exc}") from None

@@ -35,6 +35,24 @@ from .errors import InputError, LearnedPerfError
 TIERS = ("fast", "full")
 """Answer tiers: the surrogate, or the checkpoint's full method (see module docstring)."""
 
+#: Said in a prediction's ``notes`` when the model's time implied an MFU over 1 and was raised to the peak's.
+BOUNDED_NOTE = ("the model's time implied more than the device's peak FLOP/s (MFU over 1): the time is the "
+                "peak's, and the interval starts there")
+
+
+def _at_most_peak(t_ms: float, mfu: float, lo_ms: float, hi_ms: float) -> tuple[float, float, float, bool]:
+    """``(t, lo, hi, bounded)``: a time and interval no shorter than the run's FLOPs at the device's peak.
+
+    ``mfu`` is the run's MFU at ``t_ms``; MFU x time is the run's model FLOPs over the peak, which no
+    iteration beats (it executes at least its model's FLOPs). A learned correction extrapolating past
+    its data (fp32 on a B200, faster than any device it saw) can go under it: such a time is raised to
+    the bound, and so is an interval end below it.
+    """
+    floor_ms = t_ms * mfu
+    bounded = floor_ms > t_ms
+    t = max(t_ms, floor_ms)
+    return t, max(lo_ms, floor_ms), max(hi_ms, t), bounded
+
 
 def _check_tier(tier: Any) -> str:
     if tier not in TIERS:
@@ -50,6 +68,41 @@ def error_text(exc: BaseException) -> str:
     if isinstance(exc, (KeyError, TypeError)):
         return f"{type(exc).__name__}: {exc}"
     return f"internal error: {type(exc).__name__}: {exc}"
+
+
+def _echoed_id(run_id: Any) -> dict:
+    """``{"id": text}`` for a valid run id (:func:`~learnedperf.specs.run.run_id_text`), else ``{}``: str() of
+    any other value is a Python repr ("{'a': [1, 2]}") the client never sent, and the entry's index (or line)
+    still says which run failed."""
+    from .errors import SpecError
+    from .specs.run import run_id_text
+
+    try:
+        text = run_id_text(run_id)
+    except SpecError:
+        return {}
+    return {} if text is None else {"id": text}
+
+
+def _iter_runs(runs: Any) -> Any:
+    """An iterator over ``runs`` (predict_many's argument); InputError if it is not a collection of runs.
+
+    A single run is a dict, and iterating over a dict yields its keys: without this check
+    ``predict_many(run)`` would answer "a run must be a JSON object, got str" for its first
+    key, which hides the real mistake. A string is iterable too (its characters).
+    """
+    from .specs import RunSpec
+
+    hint = "predict_many takes a list (or another iterable) of runs"
+    if isinstance(runs, (dict, RunSpec)):
+        raise InputError(f"runs: {hint}, got a single run object: use predict(run) for one run, "
+                         "or predict_many([run])")
+    if runs is None or isinstance(runs, (str, bytes, bytearray)):
+        raise InputError(f"runs: {hint}, got {'None' if runs is None else type(runs).__name__}")
+    try:
+        return iter(runs)
+    except TypeError:
+        raise InputError(f"runs: {hint}, got {type(runs).__name__}") from None
 
 
 class Predictor:
@@ -112,12 +165,17 @@ class Predictor:
             errors: ``"raise"`` raises on the first invalid run; ``"return"`` puts
                 ``{"error": message, "index": i}`` (with the run's ``id`` when it has one) in
                 its place and answers the rest.
+
+        Raises:
+            InputError: ``runs`` is not an iterable of runs (a single run, None, a string), or
+                ``tier`` / ``errors`` is unknown.
         """
         import gc
 
         _check_tier(tier)
         if errors not in ("raise", "return"):
             raise InputError(f"errors: must be 'raise' or 'return', got {errors!r}")
+        runs = _iter_runs(runs)
         # a batch allocates many short-lived acyclic objects; with torch loaded the heap is large and
         # the cyclic collector's passes over it cost more than the batch itself (measured: parsing
         # 60 -> 11 µs a run), so it pauses for the batch (a long-running process should also call
@@ -247,8 +305,7 @@ class Predictor:
     def _error(index: int, run: Any, exc: BaseException) -> dict:
         out: dict[str, Any] = {"error": error_text(exc), "index": index}
         run_id = run.get("id", run.get("run_id")) if isinstance(run, dict) else getattr(run, "id", None)
-        if run_id is not None:
-            out["id"] = str(run_id)
+        out.update(_echoed_id(run_id))
         return out
 
     # ------------------------------------------------------------------ fast tier
@@ -326,6 +383,8 @@ class Predictor:
             t_s = t_ms / 1e3
             peak = hw.device.peak_tflops.get(s.precision) or hw.device.peak_tflops.fp32
             tflops = ctxs[j].flops_per_seq_of(s) * s.global_batch_size / t_s / hw.num_devices / 1e12
+            t_ms, lo_j, hi_j, bounded = _at_most_peak(t_ms, tflops / peak, float(lo[j]), float(hi[j]))
+            t_s, tflops = t_ms / 1e3, min(tflops, peak)
             mem_gib = mem.total / GiB
             pred: dict[str, Any] = {
                 "iteration_time_ms": t_ms,
@@ -336,7 +395,7 @@ class Predictor:
                 "peak_memory_GiB": mem_gib,
                 "memory_GiB": mem.to_GiB(),
                 "fits_in_memory": mem_gib <= hw.device.memory_GiB,
-                "interval_ms": [float(lo[j]), float(hi[j])],
+                "interval_ms": [lo_j, hi_j],
                 "interval_coverage": ck.interval.coverage,
                 "novelty": list(novelty[j]),
                 "source": source,
@@ -345,15 +404,17 @@ class Predictor:
                 "simulator_version": SIMULATOR_VERSION,
             }
             if shares is not None:
-                bd = {p: float(shares[j, k]) * t_ms for k, p in enumerate(BREAKDOWN_PARTS)}
+                share = {p: float(shares[j, k]) for k, p in enumerate(BREAKDOWN_PARTS)}
                 # parts a strategy cannot have are zero, not the trees' small leftovers
-                if s.recompute == "none":
-                    bd["recompute"] = 0.0
-                if s.pp == 1:
-                    bd["pipeline_bubble"] = 0.0
+                impossible = {"recompute": s.recompute == "none", "pipeline_bubble": s.pp == 1,
+                              "backward": s.forward_only, "optimizer": s.forward_only or s.optimizer == "none"}
+                share.update({p: 0.0 for p, no in impossible.items() if no})
+                # each share has its own trees: scaled so that the parts add up to the time, as the full tier's do
+                total = sum(share.values())
+                bd = {p: (v / total if total > 0 else 0.0) * t_ms for p, v in share.items()}
                 bd["compute"] = bd["forward"] + bd["backward"] + bd["recompute"]
                 pred["breakdown_ms"] = bd
-            notes = hw.assumptions()
+            notes = hw.assumptions() + ([BOUNDED_NOTE] if bounded else [])
             if notes:
                 pred["notes"] = notes
             if spec.id is not None:
@@ -398,6 +459,10 @@ class Predictor:
             raise InputError(f"checkpoint {ck.path.name}: the model produced an invalid time {t!r} for this run")
         novelty = ck.interval.novelty_classes([spec])
         lo, hi = ck.interval.interval_for_specs([t], [spec], novelty)
+        # the simulator's MFU at its own time says the model's at any other: MFU x time is the run's work
+        t, lo_0, hi_0, bounded = _at_most_peak(t, pred["mfu"] * base / t, float(lo[0]), float(hi[0]))
+        if bounded:
+            pred["notes"] = list(pred.get("notes") or []) + [BOUNDED_NOTE]
         scale = t / base
         pred.update({
             "iteration_time_ms": t,
@@ -408,7 +473,7 @@ class Predictor:
             "breakdown_ms": {k: v * scale for k, v in pred["breakdown_ms"].items()},
             "breakdown_scale": scale,
             "simulator_iteration_time_ms": base,
-            "interval_ms": [float(lo[0]), float(hi[0])],
+            "interval_ms": [lo_0, hi_0],
             "interval_coverage": ck.interval.coverage,
             "novelty": list(novelty[0]),
             "method": ck.method,

@@ -254,8 +254,16 @@ def _typed(body: dict, key: str, types: tuple[type, ...], what: str, default: An
 
 
 def _tier(value: Any) -> str:
+    """A batch's ``tier``: a 400 if it is not a string, a 422 if it is not a known tier.
+
+    Checked here, up front, rather than left to the predictor: an empty batch never reaches the
+    predictor, so an unknown tier would otherwise be answered 200 when the batch is empty and 422
+    when it is not. The message is the predictor's own.
+    """
     if not isinstance(value, str):
         raise HTTPError(400, f"tier: expected a string ({' or '.join(TIERS)}), got {_json_type(value)}")
+    if value not in TIERS:
+        raise HTTPError(422, f"tier: must be one of {', '.join(TIERS)}, got {value!r}")
     return value
 
 

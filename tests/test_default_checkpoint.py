@@ -109,3 +109,39 @@ def test_the_measured_gpus_carry_their_own_offsets():
     assert offsets["V100-PCIE-32GB"]["matmul/fp32"] < 0 < offsets["P100-PCIE-16GB"]["matmul/fp32"]
     assert offsets["V100-PCIE-32GB"]["matmul/fp32"] < offsets["T4"]["matmul/fp32"]
     assert "H100-SXM5-80GB" not in offsets and "V100-SXM2-32GB" not in offsets
+
+
+PARTS = ("forward", "backward", "recompute", "optimizer", "exposed_communication", "pipeline_bubble")
+
+
+def test_fast_breakdowns_add_up_and_have_no_part_a_run_cannot_have(predictor):
+    # each share has its own trees: unscaled they summed to 0.91-1.16 of the time, and a forward-only run
+    # showed a backward and an optimizer step
+    hw = {"cluster": "dgx-a100", "num_devices": 8}
+    runs = [{"model": "gpt3-1.3b", "hardware": hw, "strategy": s} for s in (
+        {"cp": 8}, {"tp": 2, "pp": 2, "recompute": "full"}, {"tp": 8},
+        {"tp": 2, "forward_only": True, "optimizer": "none"}, {"optimizer": "none"})]
+    for run, pred in zip(runs, predictor.predict_many(runs, tier="fast")):
+        bd = pred["breakdown_ms"]
+        assert sum(bd[p] for p in PARTS) == pytest.approx(pred["iteration_time_ms"], rel=1e-9)
+        assert bd["compute"] == pytest.approx(bd["forward"] + bd["backward"] + bd["recompute"], rel=1e-12)
+        s = run["strategy"]
+        if s.get("forward_only"):
+            assert bd["backward"] == 0.0
+        if s.get("optimizer") == "none":
+            assert bd["optimizer"] == 0.0
+        if s.get("pp", 1) == 1:
+            assert bd["pipeline_bubble"] == 0.0
+
+
+@pytest.mark.parametrize("tier", ["full", "fast"])
+def test_no_prediction_beats_the_devices_peak(predictor, tier):
+    # fp32 on 2,048 B200s: faster than any device the models learnt from; the full tier's GNN correction
+    # put it at an MFU of 1.06 before the bound. MFU x time is the run's FLOPs at the peak: nothing is faster
+    run = {"model": "megatron-7.5b", "hardware": {"cluster": "dgx-b200", "num_devices": 2048},
+           "strategy": {"tp": 2, "micro_batch_size": 4, "global_batch_size": 16384, "recompute": "selective",
+                        "precision": "fp32"}}
+    pred = predictor.predict(run, tier=tier)
+    floor = pred["iteration_time_ms"] * pred["mfu"]
+    assert pred["mfu"] <= 1.0 + 1e-9 and pred["interval_ms"][0] >= floor * (1 - 1e-9)
+    assert pred["interval_ms"][0] <= pred["iteration_time_ms"] <= pred["interval_ms"][1]

@@ -352,14 +352,24 @@ class OpTimeRegressor:
 
     def predict_ops(self, ops: Iterable[Op], device: Any) -> "Any":
         """Predicted milliseconds of graph ops on ``device`` (dict, JSON text or DeviceSpec), with the
-        offsets of the device's name where it has them."""
+        offsets of the device's name where it has them, and never under the op's roofline bound.
+
+        The bound (FLOPs at the data sheet's peak of the op's dtype, or bytes at its bandwidth) is what
+        no kernel beats: the trees extrapolate flat outside their data, and on a device faster than any
+        they learnt from (fp32 on a B200) predicted GEMMs above the peak, and iterations with an MFU
+        over 1. :meth:`predict_records` does not bound: a measured record can sit under the bound of
+        its stated dtype (NeuSight's "fp32" convolutions on the A100 ran in TF32, cuDNN's default).
+        """
         import numpy as np
 
         ops = list(ops)
-        t = self.predict(op_features_from_ops(ops, device))
+        X = op_features_from_ops(ops, device)
+        t = self.predict(X)
         name = str(device_descriptor(device).get("name", ""))
         if len(t) and name in self.device_offsets_:
             t = t * np.exp([self._offset(name, op.kind, op.dtype) for op in ops])
+        if len(t):
+            t = np.maximum(t, np.exp(X[:, OP_FEATURE_SCHEMA.index(ROOFLINE_COLUMN)].astype(np.float64)) * 1e3)
         return t
 
     def _offset(self, name: str, kind: str, dtype: str) -> float:

@@ -16,6 +16,21 @@ from .strategy import EXPERT_DISPATCH_DEFAULTS, Strategy
 _TOP_LEVEL = {"model", "hardware", "strategy", "id", "run_id", "name", "meta"}
 
 
+def run_id_text(value: Any) -> Optional[str]:
+    """A run's ``id`` as the text it is echoed with: a string as it is, a whole number as its decimal
+    digits (its JSON text), None when absent.
+
+    Raises:
+        SpecError: any other value (an object, a list, a fraction, a boolean), named under ``id``: its
+            ``str()`` would be a Python repr the client never sent.
+    """
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    raise SpecError("id", f"must be a string (or a whole number), got {type(value).__name__}")
+
+
 class RunSpec(Spec):
     """One training run in the DESIGN.md run format, fully resolved.
 
@@ -60,9 +75,8 @@ class RunSpec(Spec):
         meta = data.get("meta", {}) or {}
         if not isinstance(meta, dict):
             raise SpecError("meta", "expected a JSON object")
-        run_id = data.get("id", data.get("run_id"))
-        return cls.model_construct(model=model, hardware=hardware, strategy=strategy,
-                                   id=None if run_id is None else str(run_id), meta=meta)
+        run_id = run_id_text(data.get("id", data.get("run_id")))
+        return cls.model_construct(model=model, hardware=hardware, strategy=strategy, id=run_id, meta=meta)
 
     @classmethod
     def from_json(cls, text: str) -> "RunSpec":
