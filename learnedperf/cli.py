@@ -484,11 +484,9 @@ def _answer_line(answer: Answer, line_no: int, item: Any) -> tuple[dict, bool]:
     try:
         return answer(item, False)[0], True
     except Exception as exc:  # noqa: BLE001 - every failure of one line is that line's error
-        out: dict[str, Any] = {"error": f"line {line_no}: {_error_text(exc)}", "line": line_no}
-        from .predict import _echoed_id
+        from .specs.run import echoed_id
 
-        out.update(_echoed_id(item.get("id", item.get("run_id")) if isinstance(item, dict) else None))
-        return out, False
+        return {"error": f"line {line_no}: {_error_text(exc)}", "line": line_no, **echoed_id(item)}, False
 
 
 # ---------------------------------------------------------------- table

@@ -54,7 +54,8 @@ def _at_most_peak(t_ms: float, mfu: float, lo_ms: float, hi_ms: float) -> tuple[
     return t, max(lo_ms, floor_ms), max(hi_ms, t), bounded
 
 
-def _check_tier(tier: Any) -> str:
+def check_tier(tier: Any) -> str:
+    """``tier`` if it is one of :data:`TIERS`; InputError naming it otherwise."""
     if tier not in TIERS:
         raise InputError(f"tier: must be one of {', '.join(TIERS)}, got {tier!r}")
     return tier
@@ -68,20 +69,6 @@ def error_text(exc: BaseException) -> str:
     if isinstance(exc, (KeyError, TypeError)):
         return f"{type(exc).__name__}: {exc}"
     return f"internal error: {type(exc).__name__}: {exc}"
-
-
-def _echoed_id(run_id: Any) -> dict:
-    """``{"id": text}`` for a valid run id (:func:`~learnedperf.specs.run.run_id_text`), else ``{}``: str() of
-    any other value is a Python repr ("{'a': [1, 2]}") the client never sent, and the entry's index (or line)
-    still says which run failed."""
-    from .errors import SpecError
-    from .specs.run import run_id_text
-
-    try:
-        text = run_id_text(run_id)
-    except SpecError:
-        return {}
-    return {} if text is None else {"id": text}
 
 
 def _iter_runs(runs: Any) -> Any:
@@ -152,7 +139,7 @@ class Predictor:
             SpecError / InputError: the run is invalid (the message names the field), or the
                 tier is unknown or the checkpoint has no surrogate for ``tier="fast"``.
         """
-        if _check_tier(tier) == "full":
+        if check_tier(tier) == "full":
             return self.predict_with_result(run)[0]
         return self.predict_many([run], tier="fast")[0]
 
@@ -172,7 +159,7 @@ class Predictor:
         """
         import gc
 
-        _check_tier(tier)
+        check_tier(tier)
         if errors not in ("raise", "return"):
             raise InputError(f"errors: must be 'raise' or 'return', got {errors!r}")
         runs = _iter_runs(runs)
@@ -303,10 +290,9 @@ class Predictor:
 
     @staticmethod
     def _error(index: int, run: Any, exc: BaseException) -> dict:
-        out: dict[str, Any] = {"error": error_text(exc), "index": index}
-        run_id = run.get("id", run.get("run_id")) if isinstance(run, dict) else getattr(run, "id", None)
-        out.update(_echoed_id(run_id))
-        return out
+        from .specs.run import echoed_id
+
+        return {"error": error_text(exc), "index": index, **echoed_id(run)}
 
     # ------------------------------------------------------------------ fast tier
     def _context(self, spec: Any) -> Any:

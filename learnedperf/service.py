@@ -66,7 +66,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from . import __version__
 from .errors import LearnedPerfError
 from .io import dumps_line
-from .predict import TIERS, error_text
+from .predict import TIERS, check_tier, error_text
 
 DEFAULT_MAX_BODY_BYTES = 8 << 20
 """Largest request body accepted (bytes) unless ``max_body_bytes`` says otherwise: 8 MiB, so that a
@@ -262,9 +262,10 @@ def _tier(value: Any) -> str:
     """
     if not isinstance(value, str):
         raise HTTPError(400, f"tier: expected a string ({' or '.join(TIERS)}), got {_json_type(value)}")
-    if value not in TIERS:
-        raise HTTPError(422, f"tier: must be one of {', '.join(TIERS)}, got {value!r}")
-    return value
+    try:
+        return check_tier(value)
+    except LearnedPerfError as exc:
+        raise HTTPError(422, str(exc)) from None
 
 
 # ---------------------------------------------------------------- the app

@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
-from ..errors import InputError, LearnedPerfError
+from ..errors import InputError, LearnedPerfError, SpecError
 from .quiet import QUIET_SHARE, Window, logical_cpus, wait_until_quiet
 from .records import (DATASHEET_SOURCE, OP_COLUMNS, STEP_COLUMNS, host_name, now_utc, software_versions,
                       write_manifest, write_parquet)
@@ -324,7 +324,6 @@ def gpu_datasheet(reported: str, num_sms: int, memory_GiB: float, device_spec: A
             more memory than the GPU has (or under :data:`_MEMORY_SHARE_MIN` of it).
     """
     from ..catalog import device_by_reported_name, get_device, names
-    from ..errors import SpecError
     from ..specs import DeviceSpec
 
     if device_spec is None:

@@ -533,16 +533,24 @@ class _Built:
         self.step = step
 
 
+def _drawn_on(device: str) -> tuple[Any, str]:
+    """A generator seeded 0 and the device random inputs are drawn on: a GPU's own (the GPU grid's tensors
+    reach 2^28 elements, seconds each on one core), else the CPU."""
+    import torch
+
+    where = device if device.startswith("cuda") else "cpu"
+    return torch.Generator(device=where).manual_seed(0), where
+
+
 def _build(case: OpCase, device: str) -> _Built:
     """Allocate the inputs of ``case`` on ``device`` and return its callables."""
     import torch
     import torch.nn.functional as F
 
     dt = _torch_dtype(case.dtype)
-    g = torch.Generator().manual_seed(0)
-    # A GPU's inputs are drawn on the GPU: the GPU grid's tensors reach 2^28 elements, seconds each on one core
-    gen = torch.Generator(device=device).manual_seed(0) if device.startswith("cuda") else g
-    where = device if device.startswith("cuda") else "cpu"
+    gen, where = _drawn_on(device)
+    # index tensors (embedding, cross entropy) are drawn on the CPU; there, from the same stream as the inputs
+    g = gen if where == "cpu" else torch.Generator().manual_seed(0)
 
     def rnd(*shape, grad=True, dtype=dt, scale=1.0):
         t = (torch.randn(*shape, generator=gen, device=where) * scale).to(device=device, dtype=dtype)
@@ -618,8 +626,8 @@ def _build_optimizer(case: OpCase, device: str) -> _Built:
     prec = case.params.get("precision", "fp32")
     clip = float(case.params.get("clip_grad_norm", 1.0))
     master = torch.nn.Parameter(torch.zeros(n, device=device, dtype=torch.float32))
-    where = device if device.startswith("cuda") else "cpu"  # drawn where it lives (up to 2^28 elements on a GPU)
-    grad = torch.randn(n, generator=torch.Generator(device=where).manual_seed(0), device=where).to(device) * 1e-3
+    gen, where = _drawn_on(device)
+    grad = torch.randn(n, generator=gen, device=where).to(device) * 1e-3
     if case.op == "adamw":
         opt = torch.optim.AdamW([master], lr=1e-4, weight_decay=0.01)
     else:

@@ -103,7 +103,7 @@ EVAL_SPLITS: dict[str, tuple[str, Callable[[Any], Any]]] = {
 #: the regressor, and the runs labelled with it, of the splits that hold no device out
 OP_DEVICE_HOLDOUT: dict[str, Callable[[str], bool]] = {
     **{f"unseen_device:{d}": lambda name, d=d: _device_name_is(name, d) for d in ("A100", "V100", "T4", "P100", "P4")},
-    "unseen_device:Hopper": lambda name: _is_hopper(name)}
+    "unseen_device:Hopper": _is_hopper}
 
 
 #: the splits that refit the measured-device cost constants on their training side (the CPU splits)
@@ -199,10 +199,9 @@ def evaluate(runs_for: Callable[[Optional[Any]], Runs], methods: tuple[str, ...]
         # run, before a regressor is fitted without its device (unseen_device:Hopper until a GPU is measured)
         probe = next(iter(cache.values()), None)
         if probe is not None and not (test_mask(probe.records, split) & probe.measured).any():
-            log(f"{split}: no measured test run; skipped")
-            report["splits"][split] = {"rule": EVAL_SPLITS[split][0], "skipped": "no measured test run"}
-            continue
-        runs = runs_with(key if op_regressor_for is not None else None)
+            runs = probe  # skipped just below, as any split without a measured test run
+        else:
+            runs = runs_with(key if op_regressor_for is not None else None)
         test = test_mask(runs.records, split)
         measured = runs.measured
         test_rows = test & measured

@@ -31,6 +31,18 @@ def run_id_text(value: Any) -> Optional[str]:
     raise SpecError("id", f"must be a string (or a whole number), got {type(value).__name__}")
 
 
+def echoed_id(run: Any) -> dict:
+    """``{"id": text}`` of a run (a run-format dict or a :class:`RunSpec`) whose id is valid (:func:`run_id_text`),
+    else ``{}``: what an error entry for the run echoes. A Python repr of an invalid id is never echoed (the
+    client never sent it); the entry's index or line still says which run failed."""
+    raw = run.get("id", run.get("run_id")) if isinstance(run, dict) else getattr(run, "id", None)
+    try:
+        text = run_id_text(raw)
+    except SpecError:
+        return {}
+    return {} if text is None else {"id": text}
+
+
 class RunSpec(Spec):
     """One training run in the DESIGN.md run format, fully resolved.
 
