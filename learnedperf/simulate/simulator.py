@@ -682,6 +682,40 @@ def _overlap_s(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> fl
     return total
 
 
+#: The parts of a breakdown that are waits rather than work (see :func:`_extrapolated_breakdown`)
+_WAITS = ("exposed_communication", "pipeline_bubble")
+#: The parts that add up to the iteration time (``compute`` is forward + backward + recompute)
+_PARTS = ("forward", "backward", "recompute", "optimizer") + _WAITS
+
+
+def _extrapolated_breakdown(bd1: dict, bd2: dict, slope: float, total: float) -> tuple[float, dict]:
+    """The iteration time and its breakdown along the lines through the breakdowns ``bd1`` and ``bd2`` of two
+    shorter steps; ``total`` is the time's own line there.
+
+    The parts add up to the time at both steps, so their lines add up to the time's line; but a short pipeline
+    can class a wait otherwise than the steady state does (with ZeRO-3, a stage of a 4-micro-batch pipeline waits
+    on a neighbour that waits on a gather: a bubble; at 8 micro-batches it waits on its own gathers), and a wait
+    whose line falls below zero must stop there. The work parts (forward, backward, recompute, optimizer) are
+    durations, linear in the micro-batches; the waits then share what the work leaves of ``total`` in the
+    proportions of their lines, so that the parts still add up to the time. The stage runs its work one task
+    after another, so the time is at least the work: where two steps too short for the steady state put the
+    time's line under it (the waits' lines both below zero), the time is the work
+    (``experiments/breakdown_extrapolation.py`` compares both with simulating every micro-batch).
+    """
+    bd = {k: max(0.0, bd2[k] + (bd2[k] - bd1[k]) * slope) for k in bd2}
+    work = sum(bd[k] for k in _PARTS if k not in _WAITS)
+    total = max(total, work)
+    waits = sum(bd[k] for k in _WAITS)
+    left = max(0.0, total - work)
+    if waits > 0:
+        for k in _WAITS:
+            bd[k] *= left / waits
+    else:
+        bd["pipeline_bubble"] = left
+    bd["compute"] = bd["forward"] + bd["backward"] + bd["recompute"]
+    return total, bd
+
+
 def _simulate_once(run: RunSpec, cost: CostModel, m: int, stage: Optional[int] = None):
     eg = compile_run(run, m)
     b = _Builder(eg, cost)
@@ -722,7 +756,7 @@ def simulate(run: RunSpec | dict, *, cost: CostModel | None = None, trace: bool 
         t1, bd1, _b1, _, _ = _simulate_once(run, cost, m1, stage)
         slope = (m - m2) / (m2 - m1)
         total = t2 + (t2 - t1) * slope
-        bd = {k: max(0.0, bd2[k] + (bd2[k] - bd1[k]) * slope) for k in bd2}
+        total, bd = _extrapolated_breakdown(bd1, bd2, slope, total)
         events = len(b2.e.t_stream)
         if m2 < memory_microbatches(run):  # m2's graph has the peak memory unless activations still grow
             eg = compile_run(run)
