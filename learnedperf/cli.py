@@ -353,17 +353,24 @@ def _flag(dest: str) -> str:
     return "--no-flash-attention" if dest == "flash_attention" else "--" + dest.replace("_", "-")
 
 
-def _load_run_file(path: str) -> Any:
-    """The JSON value of a ``--run`` file: UsageError if unreadable, InputError if not JSON."""
+def _load_run_file(path: str, prog: str) -> Any:
+    """The JSON value of a ``--run`` file of command ``prog``.
+
+    Raises:
+        UsageError: the file is missing or unreadable (one line like ``--input``'s: ``prog: error: PATH: ...``).
+        InputError: the file is not JSON (the message names the path).
+    """
     try:
         stream = open_input(path)
     except InputError as exc:
-        raise UsageError(str(exc)) from None
+        raise UsageError(f"{prog}: error: {exc}") from None
     try:
         with stream:
             text = stream.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{path}: cannot read: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{prog}: error: {path}: not UTF-8 text ({exc.reason})") from None
+    except OSError as exc:
+        raise UsageError(f"{prog}: error: {path}: cannot read: {exc.strerror or exc}") from None
     try:
         # stdin ('-') is opened without io's 'utf-8-sig': a byte-order mark some editors write is dropped here
         return json.loads(text.removeprefix("\ufeff"))
@@ -373,7 +380,7 @@ def _load_run_file(path: str) -> Any:
 
 def _run_from_args(args: argparse.Namespace, prog: str) -> dict:
     """The run-format dict described by ``--run`` and/or the run flags."""
-    run: Any = _load_run_file(args.run) if args.run else {}
+    run: Any = _load_run_file(args.run, prog) if args.run else {}
     if not isinstance(run, dict):
         raise InputError(f"{args.run}: a run must be a JSON object")
     run = dict(run)
@@ -1026,12 +1033,12 @@ def _cmd_search(args: argparse.Namespace) -> int:
     """``learnedperf search``: the fastest valid strategies that fit, as a ranked table or JSON."""
     prog = "learnedperf search"
     try:
-        base: Any = _load_run_file(args.run) if args.run else {}
+        base: Any = _load_run_file(args.run, prog) if args.run else {}
+        if not isinstance(base, dict):
+            raise InputError(f"{args.run}: a run must be a JSON object")
     except InputError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1
-    if not isinstance(base, dict):
-        raise UsageError(f"{prog}: error: --run {args.run}: a run must be a JSON object")
     model = args.model or base.get("model")
     hardware = dict(base.get("hardware") or {})
     hardware.update({key: getattr(args, dest) for dest, key in _HARDWARE_FLAGS.items()

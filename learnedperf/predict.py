@@ -504,7 +504,9 @@ SEARCH_CONSTRAINTS = {
     "virtual_stages": ([2, 4], "virtual stages per rank of the interleaved schedules (interleaved, "
                                "interleaved-zb)"),
     "recompute": (["none", "selective", "full"], "recomputation policies"),
-    "zero_stages": ([0, 1, 2, 3], "ZeRO stages (2 and 3 only without a pipeline)"),
+    "zero_stages": ([0, 1, 2, 3], "ZeRO stages (2 and 3 only without a pipeline; with a data-parallel group "
+                                  "of one rank, dp·cp 1, stages 1 and 2 shard nothing: only the lowest listed "
+                                  "of 0-2 is tried)"),
     "hybrid_sharding": ([False, True], "with true, a ZeRO candidate whose data-parallel group leaves a node also "
                                        "comes with one copy of its states per node (dp_replicate: FSDP "
                                        "HYBRID_SHARD's layout); [true] alone keeps only that variant"),
@@ -590,8 +592,9 @@ def enumerate_strategies(model: Any, hw: Any, constraints: Optional[dict] = None
     ``max_tp``), pp (divisors of the devices left, at most the layers), cp, dp (the rest),
     ep (MoE), micro-batch size (dividing the batch per data-parallel rank), schedule and
     virtual stages, recomputation, ZeRO stage (with and without hybrid sharding: one copy of the states
-    per node), sequence parallelism and, with ep > 1, the expert dispatch choices (alltoall only and
-    all-to-alls blocking unless the constraints list more). Strategies the run
+    per node; where dp·cp is 1, ZeRO 1 and 2 shard nothing and only the lowest listed of stages 0-2 is a
+    candidate, see :func:`_distinct_zero_stages`), sequence parallelism and, with ep > 1, the expert
+    dispatch choices (alltoall only and all-to-alls blocking unless the constraints list more). Strategies the run
     validation rejects (e.g. interleaving whose micro-batches are not a multiple of pp) are counted by the
     caller as invalid, not hidden.
 
@@ -635,7 +638,8 @@ def enumerate_strategies(model: Any, hw: Any, constraints: Optional[dict] = None
                         pipes += [(sch, v) for sch in c["schedules"] if sch in INTERLEAVED_SCHEDULES
                                   for v in c["virtual_stages"] if v >= 2]
                     sps = [sp for sp in c["sequence_parallel"] if tp > 1 or not sp] or [False]
-                    zeros = [z for z in c["zero_stages"] if pp == 1 or z <= 1]
+                    zeros = _distinct_zero_stages([z for z in c["zero_stages"] if pp == 1 or z <= 1], dp * cp,
+                                                  c["fixed"])
                     for ep in eps:
                         sharding = [(z, r) for z in zeros for r in _replica_choices(z, tp, dp, cp, ep, hw.node_size,
                                                                                     c["hybrid_sharding"])]
@@ -660,6 +664,21 @@ def enumerate_strategies(model: Any, hw: Any, constraints: Optional[dict] = None
 #: The expert-dispatch strategy fields (only a candidate with expert parallelism takes them) and the constraint
 #: listing each one's choices, in the order the candidates combine them.
 _EP_CHOICES = {"moe_dispatcher": "moe_dispatchers", "overlap_moe_comm": "overlap_moe_comm"}
+
+
+def _distinct_zero_stages(zeros: list[int], shard_group: int, fixed: dict) -> list[int]:
+    """The ZeRO stages of ``zeros`` that make different runs when ZeRO shards over ``shard_group`` (dp·cp) ranks.
+
+    With one rank in the group there is nothing to shard: ZeRO 1 and 2 keep every state whole and run as
+    ZeRO 0 (the simulator gives them the same time and memory), so only the lowest of those listed stays.
+    ZeRO 3 stays: it still gathers each layer's weights into a buffer (the simulator charges that memory).
+    With ``fsdp`` fixed every stage maps to an FSDP mode
+    (:attr:`~learnedperf.specs.strategy.Strategy.effective_zero_stage`) and the stages are left as listed."""
+    unsharded = [z for z in zeros if z <= 2]
+    if shard_group != 1 or fixed.get("fsdp") or not unsharded:
+        return zeros
+    keep = min(unsharded)
+    return [z for z in zeros if z > 2 or z == keep]
 
 
 def _replica_choices(zero: int, tp: int, dp: int, cp: int, ep: int, node_size: int, hybrid: list) -> list[int]:
