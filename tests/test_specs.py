@@ -574,7 +574,7 @@ def test_hf_llama_config_matches_inline():
            "intermediate_size": 11008, "num_attention_heads": 32, "num_hidden_layers": 32,
            "num_key_value_heads": 32, "vocab_size": 32000, "max_position_embeddings": 4096,
            "hidden_act": "silu", "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
-    spec = RunSpec.from_dict(run({"hf_config": cfg, "name": "l7"}, hw(8, 8), tp=8))
+    spec = RunSpec.from_dict(run({"hf_config": cfg, "name": "l7", "seq_length": 4096}, hw(8, 8), tp=8))
     inline = ModelSpec.parse(LLAMA2_7B)
     assert spec.model.name == "l7"
     assert spec.model.num_params() == inline.num_params()

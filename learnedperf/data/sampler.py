@@ -60,7 +60,7 @@ from typing import Any, Iterator, Optional
 
 from ..errors import InputError, LearnedPerfError, SpecError
 
-SAMPLER_VERSION = "10"
+SAMPLER_VERSION = "11"
 """Version of the sampling distribution; a change gives other runs for the same seed."""
 
 FAMILIES = ("gpt", "llama", "bert", "moe")
@@ -281,7 +281,9 @@ def _draw_strategy(rng: random.Random, spec_model: Any, device: dict, num_device
     heads, kv, ffn = m.num_attention_heads, m.num_kv_heads, m.ffn_hidden_size
 
     def tp_ok(t: int) -> bool:
-        return heads % t == 0 and (kv % t == 0 or t % kv == 0) and ffn % t == 0
+        # the run format's rule (specs.run): tp divides the heads and the key/value heads (Megatron-Core
+        # splits both, replicating neither)
+        return heads % t == 0 and kv % t == 0 and ffn % t == 0
 
     tps = [t for t in (1, 2, 4, 8, 16) if n % t == 0 and tp_ok(t) and (t <= max(dpn, 2) or t <= 8)]
     tp = rng.choices(tps, weights=[{1: 3, 2: 2, 4: 2, 8: 2, 16: 0.3}[t] for t in tps])[0]

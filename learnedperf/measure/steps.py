@@ -395,7 +395,7 @@ def plan_step(config: StepConfig) -> StepPlan:
         if heads % tp:
             raise bad("strategy.tp", f"tp={tp} does not divide num_attention_heads={heads}")
         if kv % tp:
-            # Megatron replicates k/v heads when tp > num_kv_heads; these models do not.
+            # as the run format (specs.run): Megatron-Core splits the k/v head groups over the TP ranks
             raise bad("strategy.tp", f"tp={tp} does not divide num_kv_heads={kv}")
         if model["ffn_hidden_size"] % tp:
             raise bad("strategy.tp", f"tp={tp} does not divide ffn_hidden_size={model['ffn_hidden_size']}")

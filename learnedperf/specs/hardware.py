@@ -216,6 +216,17 @@ class HardwareSpec(Spec):
         return value
 
 
+def _catalog_name(name: str) -> str:
+    """The catalog's own name of device ``name`` (given by an alias or in other case), or ``name`` itself when
+    the catalog has no such device."""
+    from ..catalog import get_device
+
+    try:
+        return get_device(name)["name"]
+    except SpecError:  # CatalogError: not a catalog device
+        return name
+
+
 def resolve_hardware(value: Any, prefix: str = "hardware") -> HardwareSpec:
     """Resolve the run format's ``hardware`` object (device name / inline device / cluster name)."""
     from ..catalog import get_cluster, get_device, reference_cluster
@@ -242,6 +253,15 @@ def resolve_hardware(value: Any, prefix: str = "hardware") -> HardwareSpec:
         device = DeviceSpec.parse(get_device(device_value, field=f"{prefix}.device"), f"{prefix}.device")
     else:
         device = DeviceSpec.parse(device_value, f"{prefix}.device")
+    if cluster_name is not None and value.get("device") is not None:
+        # a cluster is built of one device: another one beside it would silently win over (or lose to) the
+        # cluster's; the cluster's own device, by any of its catalog names or inline (as to_dict writes it), is
+        # accepted
+        own = base["device"]
+        if _catalog_name(device.name) != _catalog_name(own):
+            raise SpecError(f"{prefix}.device", f"device {device.name!r} conflicts with cluster {base['name']!r}, "
+                                                f"which is built of {own!r}: give the cluster alone, or the device "
+                                                "with its links instead of the cluster")
     if "num_devices" not in value:
         raise SpecError(f"{prefix}.num_devices", "required field is missing")
     resolved: dict[str, Any] = {

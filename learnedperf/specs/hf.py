@@ -9,7 +9,8 @@ One function, :func:`hf_config_to_arch`, maps the key names of each supported
 * gated decoders: ``llama``, ``mistral``, ``qwen2``, ``qwen3``, ``gemma``, ``gemma2``, ``gemma3`` (its
   ``text_config``) and ``gemma3_text`` → arch ``llama`` (an explicit ``head_dim`` that differs from
   hidden_size / heads, as Qwen3's and Gemma's, is kept; Gemma 2/3 beyond their ``sliding_window`` are
-  refused, and their extra post-norms are not counted)
+  refused, as are Mistral and Qwen beyond a ``sliding_window`` they use, and Gemma's extra post-norms are not
+  counted)
 * mixture of experts: ``mixtral``, ``qwen3_moe``, ``qwen2_moe`` (Qwen1.5-MoE, Qwen2-MoE), ``deepseek``
   (DeepSeek-MoE) and ``switch_transformers`` → arch ``moe``. The fine-grained ones have experts of
   ``moe_intermediate_size``; Qwen2-MoE's and DeepSeek-MoE's shared experts, DeepSeek-MoE's leading dense layers
@@ -21,6 +22,9 @@ One function, :func:`hf_config_to_arch`, maps the key names of each supported
   (``llama4``: its ``text_config``; ``llama4_text``) has a shared expert beside its routed ones and dense
   layers between MoE layers every ``interleave_moe_layer_step``; its chunked attention is refused beyond
   ``attention_chunk_size`` tokens
+
+A run (:func:`~learnedperf.specs.model.resolve_model`) gives the sequence length next to the config, except for
+learned position tables (GPT-2, OPT, BERT, RoBERTa), whose size is the context the model was trained at.
 
 A config without ``model_type`` is recognised from its ``architectures`` list,
 and failing that from the common key names (``hidden_size``/``n_embd``/``d_model``,
@@ -160,7 +164,9 @@ def _model_type(config: dict, prefix: str) -> Optional[str]:
     return None
 
 
-def _seq_length(config: dict, seq_length: Optional[int], prefix: str, family: str) -> int:
+def _seq_length(config: dict, seq_length: Optional[int], prefix: str, family: str, may_default: bool = True) -> int:
+    """The training sequence length: ``seq_length`` when given, else (where ``may_default``) the config's maximum
+    position count; SpecError naming ``{prefix}.seq_length`` otherwise."""
     if seq_length is not None:
         if isinstance(seq_length, bool) or not isinstance(seq_length, int) or seq_length < 1:
             raise SpecError(f"{prefix}.seq_length", f"expected a positive integer, got {seq_length!r}")
@@ -170,6 +176,9 @@ def _seq_length(config: dict, seq_length: Optional[int], prefix: str, family: st
         raise SpecError(f"{prefix}.seq_length",
                         "not given and the config has none of max_position_embeddings, n_positions, n_ctx; "
                         "pass seq_length next to hf_config")
+    if not may_default:
+        key = next(k for k in _KEYS["seq_length"] if config.get(k) is not None)
+        raise SpecError(f"{prefix}.seq_length", _NO_DEFAULT_SEQ.format(key=key, value=value))
     if family == "roberta" and value > 2:
         # RoBERTa's position table has padding_idx + 1 = 2 extra rows (514 for 512 tokens).
         pad = config.get("pad_token_id")
@@ -177,14 +186,27 @@ def _seq_length(config: dict, seq_length: Optional[int], prefix: str, family: st
     return value
 
 
-def hf_config_to_arch(config: dict, seq_length: Optional[int], prefix: str) -> dict:
+#: Why a run must give the sequence length of a config whose positions are not a learned table (the message of
+#: the SpecError, quoting the config's key and value)
+_NO_DEFAULT_SEQ = ("not given, and the config's {key}={value} is the longest context its positions are set up for, "
+                   "not the length the model trains at; pass the training sequence length (--seq-length N, or "
+                   "seq_length next to hf_config)")
+
+
+def hf_config_to_arch(config: dict, seq_length: Optional[int], prefix: str, default_seq_length: bool = True) -> dict:
     """Map a HuggingFace ``config.json`` dict to an inline ModelSpec architecture dict.
 
     Args:
         config: the parsed ``config.json``.
         seq_length: training sequence length; ``None`` takes the config's maximum
-            position count (``max_position_embeddings`` / ``n_positions`` / ``n_ctx``).
+            position count (``max_position_embeddings`` / ``n_positions`` / ``n_ctx``), where
+            ``default_seq_length`` allows it.
         prefix: dotted path of the model in the run, used to name fields in errors.
+        default_seq_length: whether a missing ``seq_length`` may be taken from every config. False (the run
+            format's reading, :func:`~learnedperf.specs.model.resolve_model`) takes it only from a learned
+            position table (GPT-2, OPT, BERT, RoBERTa: the context the model was trained at, which it cannot
+            exceed); rotary and relative positions' maximum (Qwen2-7B's 131,072, Llama 3.1's 131,072) is a
+            limit of the context, not a length anyone trains at, so a run of such a config must give it.
 
     Returns:
         A dict with ``name``, ``arch``, ``num_layers``, ``hidden_size``, ``num_attention_heads``,
@@ -196,13 +218,15 @@ def hf_config_to_arch(config: dict, seq_length: Optional[int], prefix: str) -> d
 
     Raises:
         SpecError: ``{prefix}.hf_config.<key>`` for an unsupported ``model_type`` or a missing or
-            malformed essential key; ``{prefix}.seq_length`` when no sequence length is known.
+            malformed essential key; ``{prefix}.seq_length`` when no sequence length is known (or may not be
+            taken from the config); ``{prefix}.hf_config.sliding_window`` (``attention_chunk_size``) for a
+            sequence longer than the local attention's span, which the run format does not model.
     """
     if not isinstance(config, dict):
         raise SpecError(f"{prefix}.hf_config", f"expected a JSON object, got {type(config).__name__}")
     mt = _model_type(config, prefix)
     if mt is None:
-        return _generic(config, seq_length, prefix)
+        return _generic(config, seq_length, prefix, default_seq_length)
     arch, family = _MODEL_TYPES[mt]
     name = str(config.get("_name_or_path") or config.get("name_or_path") or f"hf-{mt}")
     if mt in ("llama4", "gemma3"):
@@ -214,14 +238,14 @@ def hf_config_to_arch(config: dict, seq_length: Optional[int], prefix: str) -> d
                                                                "text_config, a JSON object; it is missing")
         try:
             return hf_config_to_arch({**text, "model_type": f"{mt}_text", "_name_or_path": name}, seq_length,
-                                     prefix)
+                                     prefix, default_seq_length)
         except SpecError as exc:
             top = f"{prefix}.hf_config."
             field = exc.field.replace(top, top + "text_config.", 1) if exc.field.startswith(top) else exc.field
             raise SpecError(field, exc.message) from None
 
     if family == "switch":
-        return _switch(config, seq_length, prefix, name)
+        return _switch(config, seq_length, prefix, name, default_seq_length)
 
     h = _get(config, prefix, "hidden_size")
     heads = _get(config, prefix, "num_attention_heads")
@@ -232,7 +256,6 @@ def hf_config_to_arch(config: dict, seq_length: Optional[int], prefix: str) -> d
         "hidden_size": h,
         "num_attention_heads": heads,
         "vocab_size": _get(config, prefix, "vocab_size"),
-        "seq_length": _seq_length(config, seq_length, prefix, family),
     }
     ffn = _get(config, prefix, "ffn_hidden_size", required=False)
 
@@ -266,7 +289,7 @@ def hf_config_to_arch(config: dict, seq_length: Optional[int], prefix: str) -> d
             moe = _fine_grained_moe(config, prefix, family)
             ffn = moe.pop("ffn_hidden_size")
         elif family == "llama4":
-            moe = _llama4_moe(config, prefix, out["seq_length"])
+            moe = _llama4_moe(config, prefix)
             ffn = moe.pop("ffn_hidden_size")
         if ffn is None:
             raise SpecError(f"{prefix}.hf_config.intermediate_size", "required key is missing")
@@ -286,12 +309,6 @@ def hf_config_to_arch(config: dict, seq_length: Optional[int], prefix: str) -> d
         out["position_embedding"] = "rope"
         # Gemma ties its LM head to the embedding
         out["tie_embeddings"] = _flag(config, prefix, "tie_word_embeddings", family == "gemma")
-        if mt in ("gemma2", "gemma3_text"):
-            # Gemma 2 alternates local and global attention, Gemma 3 has five local layers to a global one: a
-            # local layer attends to the last sliding_window tokens only, which the run format's attention
-            # (every earlier key of the sequence) describes up to that length
-            _refuse_beyond_local_attention(config, prefix, "sliding_window", out["seq_length"],
-                                           f"{mt}'s local attention layers see only the last sliding_window tokens")
         if family == "mixtral":
             out["num_experts"] = _get(config, prefix, "num_experts",
                                       ("num_local_experts", "num_experts"))
@@ -299,10 +316,57 @@ def hf_config_to_arch(config: dict, seq_length: Optional[int], prefix: str) -> d
                                     ("num_experts_per_tok", "num_experts_per_token", "moe_top_k"))
             out["moe_layer_frequency"] = 1
         out.update(moe)
+    # read last, so that an error in the config's own keys is reported first
+    out["seq_length"] = _seq_length(config, seq_length, prefix, family,
+                                    default_seq_length or out["position_embedding"] == "learned")
+    _refuse_local_attention_beyond(config, prefix, mt, out["seq_length"])
     out.setdefault("num_experts", 1)
     out.setdefault("moe_top_k", 1)
     out.setdefault("moe_layer_frequency", 1)
     return out
+
+
+def _refuse_local_attention_beyond(config: dict, prefix: str, mt: Optional[str], seq_length: int) -> None:
+    """Refuse ``seq_length`` beyond the span of the config's local attention (:func:`_refuse_beyond_local_attention`):
+    Gemma 2/3's local layers, Llama 4's chunked layers, and a ``sliding_window`` that any layer uses (Mistral's
+    and Mixtral's in every layer where set; Qwen's only with ``use_sliding_window``: :func:`_slides`)."""
+    if mt in ("gemma2", "gemma3_text"):
+        # Gemma 2 alternates local and global attention, Gemma 3 has five local layers to a global one: a
+        # local layer attends to the last sliding_window tokens only, which the run format's attention
+        # (every earlier key of the sequence) describes up to that length
+        _refuse_beyond_local_attention(config, prefix, "sliding_window", seq_length,
+                                       f"{mt}'s local attention layers see only the last sliding_window tokens")
+    elif mt == "llama4_text":
+        _refuse_beyond_local_attention(config, prefix, "attention_chunk_size", seq_length,
+                                       "Llama 4's chunked attention layers attend within chunks")
+    elif _slides(config, prefix, mt):
+        _refuse_beyond_local_attention(config, prefix, "sliding_window", seq_length,
+                                       f"{mt or 'the config'}'s sliding-window attention sees only the last "
+                                       "sliding_window tokens")
+
+
+def _slides(config: dict, prefix: str, mt: Optional[str]) -> bool:
+    """Whether a layer of the config attends within its ``sliding_window`` only.
+
+    Mistral and Mixtral (``MistralAttention``) use a non-null ``sliding_window`` in every layer. Qwen2/3 and their
+    MoEs carry one always but use it only with ``use_sliding_window`` (false by default, as in Qwen2-7B), in the
+    layers from ``max_window_layers`` on; a ``layer_types`` list, where a config writes one, says it per layer.
+    """
+    if config.get("sliding_window") is None:
+        return False
+    qwen = bool(mt) and mt.startswith("qwen")
+    use = _flag(config, prefix, "use_sliding_window", not qwen)
+    if not use:
+        return False
+    types = config.get("layer_types")
+    if isinstance(types, list) and types:
+        return "sliding_attention" in types
+    if qwen:
+        first = config.get("max_window_layers")
+        layers = _get(config, prefix, "num_layers", required=False)
+        if isinstance(first, int) and not isinstance(first, bool) and layers is not None and first >= layers:
+            return False
+    return True
 
 
 def _refuse_beyond_local_attention(config: dict, prefix: str, key: str, seq_length: int, what: str) -> None:
@@ -316,15 +380,16 @@ def _refuse_beyond_local_attention(config: dict, prefix: str, key: str, seq_leng
                         f"model; give seq_length <= {span} next to hf_config")
 
 
-def _llama4_moe(config: dict, prefix: str, seq_length: int) -> dict:
+def _llama4_moe(config: dict, prefix: str) -> dict:
     """The MoE keys of a Llama 4 text config (``llama4_text``).
 
     Experts are ``intermediate_size`` wide, ``num_local_experts`` of them, ``num_experts_per_tok`` a token,
     beside one shared expert of the same width in every MoE layer; layer i (0-based) is a MoE layer when
     ``(i + 1) % interleave_moe_layer_step == 0`` (``moe_layer_frequency``'s rule), the others are dense MLPs of
-    ``intermediate_size_mlp``. A ``moe_layers`` list placing them otherwise is refused, and so is a sequence
-    longer than ``attention_chunk_size``: three of four Llama 4 layers attend only within chunks of that
-    length, which the run format's attention (every key of the sequence) does not describe.
+    ``intermediate_size_mlp``. A ``moe_layers`` list placing them otherwise is refused (and
+    :func:`_refuse_local_attention_beyond` refuses a sequence longer than ``attention_chunk_size``: three of four
+    Llama 4 layers attend only within chunks of that length, which the run format's attention, every key of the
+    sequence, does not describe).
     """
     ffn = _get(config, prefix, "ffn_hidden_size", ("intermediate_size",))
     step = _get(config, prefix, "moe_layer_frequency", ("interleave_moe_layer_step",), required=False) or 1
@@ -336,8 +401,6 @@ def _llama4_moe(config: dict, prefix: str, seq_length: int) -> dict:
         raise SpecError(f"{prefix}.hf_config.moe_layers",
                         f"MoE layers at {listed!r} are not every interleave_moe_layer_step={step}-th layer, the "
                         "only placement of dense layers between MoE layers the run format has")
-    _refuse_beyond_local_attention(config, prefix, "attention_chunk_size", seq_length,
-                                   "Llama 4's chunked attention layers attend within chunks")
     out = {"ffn_hidden_size": ffn,
            "num_experts": _get(config, prefix, "num_experts", ("num_local_experts",)),
            "moe_top_k": _get(config, prefix, "moe_top_k", ("num_experts_per_tok",)),
@@ -422,7 +485,7 @@ def _fine_grained_moe(config: dict, prefix: str, family: str) -> dict:
     return out
 
 
-def _switch(config: dict, seq_length: Optional[int], prefix: str, name: str) -> dict:
+def _switch(config: dict, seq_length: Optional[int], prefix: str, name: str, default_seq_length: bool = True) -> dict:
     """Switch Transformer (encoder-decoder T5 with top-1 expert MLPs every ``*_sparse_step`` layers).
 
     Approximation: ModelSpec has one stack, so the encoder and decoder layers are counted as one
@@ -440,12 +503,15 @@ def _switch(config: dict, seq_length: Optional[int], prefix: str, name: str) -> 
                 required=False) or 1
     gated = _flag(config, prefix, "is_gated_act", False)
     if seq_length is None:
-        # T5 has no position table; n_positions appears in some configs and is honoured.
-        seq_length = _get(config, prefix, "seq_length", ("n_positions", "max_position_embeddings"),
-                          required=False)
+        # T5 has no position table; n_positions appears in some configs and is honoured where a default is allowed
+        keys = ("n_positions", "max_position_embeddings")
+        seq_length = _get(config, prefix, "seq_length", keys, required=False)
         if seq_length is None:
             raise SpecError(f"{prefix}.seq_length",
                             "Switch/T5 configs have no maximum position count; pass seq_length next to hf_config")
+        if not default_seq_length:
+            key = next(k for k in keys if config.get(k) is not None)
+            raise SpecError(f"{prefix}.seq_length", _NO_DEFAULT_SEQ.format(key=key, value=seq_length))
     heads = _get(config, prefix, "num_attention_heads", ("num_heads",))
     return {
         "name": name,
@@ -468,7 +534,7 @@ def _switch(config: dict, seq_length: Optional[int], prefix: str, name: str) -> 
     }
 
 
-def _generic(config: dict, seq_length: Optional[int], prefix: str) -> dict:
+def _generic(config: dict, seq_length: Optional[int], prefix: str, default_seq_length: bool = True) -> dict:
     """Config with no recognisable model_type: read the common key names.
 
     Llama-style (``arch`` ``llama``) when the config names key/value heads or an RMSNorm epsilon,
@@ -488,7 +554,6 @@ def _generic(config: dict, seq_length: Optional[int], prefix: str) -> dict:
         "num_attention_heads": heads,
         "num_kv_heads": _get(config, prefix, "num_kv_heads", required=False) or heads,
         "vocab_size": _get(config, prefix, "vocab_size"),
-        "seq_length": _seq_length(config, seq_length, prefix, "generic"),
         "num_experts": num_experts,
         "moe_top_k": 1,
         "moe_layer_frequency": 1,
@@ -511,4 +576,7 @@ def _generic(config: dict, seq_length: Optional[int], prefix: str) -> dict:
                    tie_embeddings=_flag(config, prefix, "tie_word_embeddings", True),
                    activation=_activation(config, prefix, ("activation_function", "hidden_act"), "gelu"))
         out["ffn_hidden_size"] = ffn or 4 * h
+    out["seq_length"] = _seq_length(config, seq_length, prefix, "generic",
+                                    default_seq_length or out["position_embedding"] == "learned")
+    _refuse_local_attention_beyond(config, prefix, None, out["seq_length"])
     return out

@@ -330,17 +330,19 @@ class ModelSpec(Spec):
 
     # ---------------------------------------------------------------- builders
     @classmethod
-    def from_hf_config(cls, config: dict, seq_length: Optional[int] = None, prefix: str = "model") -> "ModelSpec":
+    def from_hf_config(cls, config: dict, seq_length: Optional[int] = None, prefix: str = "model",
+                       default_seq_length: bool = True) -> "ModelSpec":
         """Build a spec from a HuggingFace ``config.json`` dict.
 
         Supports GPT-2, GPT-J/NeoX, OPT, BERT/RoBERTa, Llama/Mistral/Qwen2/Qwen3/Gemma 1-3, and Mixtral,
         Qwen3-MoE, Qwen1.5/2-MoE, DeepSeek-MoE (shared experts, leading dense layers), DeepSeek-V2/V3
         (latent attention), Llama 4 (its text model) and Switch-style MoE configs. ``seq_length`` defaults to
-        the config's maximum position count.
+        the config's maximum position count; with ``default_seq_length`` False (the run format's reading) only
+        where that is a learned position table (see :func:`~learnedperf.specs.hf.hf_config_to_arch`).
         """
         from .hf import hf_config_to_arch  # local: keeps the mapping table out of import time
 
-        arch = hf_config_to_arch(config, seq_length, prefix)
+        arch = hf_config_to_arch(config, seq_length, prefix, default_seq_length)
         return cls.parse(arch, prefix)
 
 
@@ -360,7 +362,8 @@ def resolve_model(value: Any, prefix: str = "model") -> ModelSpec:
             cfg = value["hf_config"]
             if not isinstance(cfg, dict):
                 raise SpecError(f"{prefix}.hf_config", "expected the JSON object of a HuggingFace config.json")
-            spec = ModelSpec.from_hf_config(cfg, value.get("seq_length"), prefix)
+            # a run gives the sequence length it trains at: a rotary config's max_position_embeddings is no default
+            spec = ModelSpec.from_hf_config(cfg, value.get("seq_length"), prefix, default_seq_length=False)
             if "name" in value:
                 spec = spec.model_copy(update={"name": str(value["name"])})
             return spec

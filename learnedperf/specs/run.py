@@ -191,13 +191,15 @@ def _complete_strategy(model: ModelSpec, hw: HardwareSpec, s: Strategy) -> Strat
     heads, kv = model.num_attention_heads, model.num_kv_heads
     if heads % s.tp:
         raise SpecError("strategy.tp", f"tp={s.tp} does not divide num_attention_heads={heads} of {model.name}")
-    if kv % s.tp and s.tp % kv:
-        raise SpecError("strategy.tp", f"tp={s.tp} and num_kv_heads={kv} of {model.name}: "
-                                       "one must divide the other")
     for key in ("ffn_hidden_size", "dense_ffn_hidden_size", "moe_shared_ffn_hidden_size"):
         width = getattr(model, key)
         if width % s.tp:
             raise SpecError("strategy.tp", f"tp={s.tp} does not divide {key}={width}")
+    # Megatron-Core splits the key/value head groups over the TP ranks as it does the heads
+    # (num_query_groups_per_partition = divide(num_query_groups, tp), which asserts divisibility): none is
+    # replicated. Latent attention (MLA) holds num_kv_heads = heads, so the heads' check covers it.
+    if kv % s.tp:
+        raise SpecError("strategy.tp", f"tp={s.tp} does not divide num_kv_heads={kv} of {model.name}")
     v = s.virtual_pipeline_stages
     if model.num_layers < s.pp * v:
         raise SpecError("strategy.pp", f"pp·virtual_pipeline_stages = {s.pp * v} exceeds "
