@@ -9,20 +9,60 @@ simulates every micro-batch (``exact=True``) and prints, over those runs:
   optimizer, exposed communication, pipeline bubble; within 0.1 %), and the worst ratio of their sum to it;
 * the error of each part against the exact breakdown, as a share of the exact iteration time (median, p90, max).
 
-    python experiments/breakdown_extrapolation.py [--n 400] [--seed 0] [--max-per-stage 32]
+``--compare-pairs`` prints instead, over the sampled pipelines (pp > 1, no zero-bubble schedule) of more than 4p
+micro-batches, the error of the time extrapolated from p and 2p micro-batches (the simulator's pair until
+2026-11-27) and from 2p and 4p (its pair since), with the time each took.
+
+    python experiments/breakdown_extrapolation.py [--n 400] [--seed 0] [--max-per-stage 32] [--compare-pairs]
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 
 import numpy as np
 
+from learnedperf.cost import RooflineCost
 from learnedperf.data.sampler import sample_runs
 from learnedperf.simulate import simulate
+from learnedperf.simulate.simulator import _extrapolated_breakdown, _simulate_once
 from learnedperf.specs import RunSpec
 
 PARTS = ("forward", "backward", "recompute", "optimizer", "exposed_communication", "pipeline_bubble")
+
+
+def extrapolated_s(spec: RunSpec, m1: int, m2: int) -> float:
+    """The iteration time along the line through ``m1`` and ``m2`` micro-batches, as the simulator takes it."""
+    cost = RooflineCost(spec.hardware)
+    m = spec.num_microbatches
+    t2, bd2, _b, _eg, stage = _simulate_once(spec, cost, m2)
+    t1, bd1, *_ = _simulate_once(spec, cost, m1, stage)
+    slope = (m - m2) / (m2 - m1)
+    return _extrapolated_breakdown(bd1, bd2, slope, t2 + (t2 - t1) * slope)[0]
+
+
+def compare_pairs(args) -> int:
+    """Time errors of the lines from (p, 2p) and from (2p, 4p) on the same pipelines."""
+    pairs = {"p, 2p": (1, 2), "2p, 4p": (2, 4)}
+    errs = {k: [] for k in pairs}
+    spent = dict.fromkeys(pairs, 0.0)
+    for _i, run in sample_runs(args.n, args.seed):
+        spec = RunSpec.from_dict(run)
+        p, m = spec.strategy.pp, spec.num_microbatches
+        if p == 1 or spec.strategy.zero_bubble or m <= 4 * p or m > args.max_per_stage * p:
+            continue
+        exact = simulate(spec, exact=True).iteration_time_s
+        for k, (a, b) in pairs.items():
+            t0 = time.perf_counter()
+            t = extrapolated_s(spec, a * p, b * p)
+            spent[k] += time.perf_counter() - t0
+            errs[k].append(abs(t / exact - 1))
+    for k, v in errs.items():
+        e = 100 * np.array(v)
+        print(f"from {k}: {len(e)} pipelines, time error median {np.median(e):.3f} %, p90 {np.percentile(e, 90):.3f} %, "
+              f"max {e.max():.2f} %; {(e > 1).sum()} more than 1 % off; {spent[k]:.1f} s")
+    return 0
 
 
 def main(argv=None) -> int:
@@ -30,7 +70,10 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, default=400)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-per-stage", type=int, default=32)
+    ap.add_argument("--compare-pairs", action="store_true", help="compare the lines from (p, 2p) and (2p, 4p)")
     args = ap.parse_args(argv)
+    if args.compare_pairs:
+        return compare_pairs(args)
     sums, errs, time_errs = [], {p: [] for p in PARTS}, []
     for _i, run in sample_runs(args.n, args.seed):
         spec = RunSpec.from_dict(run)

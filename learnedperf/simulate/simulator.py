@@ -741,9 +741,9 @@ def simulate(run: RunSpec | dict, *, cost: CostModel | None = None, trace: bool 
     # after the warm-up (p-1 micro-batches) every stage repeats the same pattern: two counts that are
     # multiples of p (the interleaved schedule's period) past it fix the line exactly. Gathers and reduce-scatters
     # of sharded states (ZeRO 1-3, FSDP) and shared links delay the first micro-batches unevenly, so the line is
-    # taken from 2p and 4p: of 365 sampled pipelines (sampler 11, seed 0, at most 64 micro-batches a stage) 8
-    # extrapolate more than 1 % off the exact time (worst 3.1 %), against 27 (worst 11.6 %, a ZeRO-3 GPipe run)
-    # from p and 2p, for 31 % more simulation time (experiments/breakdown_extrapolation.py prints the errors)
+    # taken from 2p and 4p: of 228 sampled pipelines of 4p to 64p micro-batches (sampler 11, seed 0) 8 extrapolate
+    # more than 1 % off the exact time (worst 3.1 %), against 20 (worst 11.6 %, a ZeRO-3 GPipe run) from p and 2p,
+    # for twice the simulation time of such a run (experiments/breakdown_extrapolation.py --compare-pairs)
     m1, m2 = (2 * s.pp, 4 * s.pp) if s.pp > 1 else (2, 3)
     if s.zero_bubble:
         # deferred weight passes let early delays (the parameter gather, shared links) spread over the first
