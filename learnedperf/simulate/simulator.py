@@ -693,8 +693,8 @@ def _extrapolated_breakdown(bd1: dict, bd2: dict, slope: float, total: float) ->
     shorter steps; ``total`` is the time's own line there.
 
     The parts add up to the time at both steps, so their lines add up to the time's line; but a short pipeline
-    can class a wait otherwise than the steady state does (with ZeRO-3, a stage of a 4-micro-batch pipeline waits
-    on a neighbour that waits on a gather: a bubble; at 8 micro-batches it waits on its own gathers), and a wait
+    can class a wait otherwise than the steady state does (with ZeRO-3, a stage of a short pipeline waits on a
+    neighbour that waits on a gather: a bubble; in a longer one it waits on its own gathers), and a wait
     whose line falls below zero must stop there. The work parts (forward, backward, recompute, optimizer) are
     durations, linear in the micro-batches; the waits then share what the work leaves of ``total`` in the
     proportions of their lines, so that the parts still add up to the time. The stage runs its work one task
