@@ -26,20 +26,10 @@ import numpy as np
 from learnedperf.cost import RooflineCost
 from learnedperf.data.sampler import sample_runs
 from learnedperf.simulate import simulate
-from learnedperf.simulate.simulator import _extrapolated_breakdown, _simulate_once
+from learnedperf.simulate.simulator import simulate_line
 from learnedperf.specs import RunSpec
 
 PARTS = ("forward", "backward", "recompute", "optimizer", "exposed_communication", "pipeline_bubble")
-
-
-def extrapolated_s(spec: RunSpec, m1: int, m2: int) -> float:
-    """The iteration time along the line through ``m1`` and ``m2`` micro-batches, as the simulator takes it."""
-    cost = RooflineCost(spec.hardware)
-    m = spec.num_microbatches
-    t2, bd2, _b, _eg, stage = _simulate_once(spec, cost, m2)
-    t1, bd1, *_ = _simulate_once(spec, cost, m1, stage)
-    slope = (m - m2) / (m2 - m1)
-    return _extrapolated_breakdown(bd1, bd2, slope, t2 + (t2 - t1) * slope)[0]
 
 
 def compare_pairs(args) -> int:
@@ -55,7 +45,7 @@ def compare_pairs(args) -> int:
         exact = simulate(spec, exact=True).iteration_time_s
         for k, (a, b) in pairs.items():
             t0 = time.perf_counter()
-            t = extrapolated_s(spec, a * p, b * p)
+            t = simulate_line(spec, RooflineCost(spec.hardware), a * p, b * p)[0]
             spent[k] += time.perf_counter() - t0
             errs[k].append(abs(t / exact - 1))
     for k, v in errs.items():

@@ -353,12 +353,12 @@ def _flag(dest: str) -> str:
     return "--no-flash-attention" if dest == "flash_attention" else "--" + dest.replace("_", "-")
 
 
-def _load_run_file(path: str, prog: str) -> Any:
-    """The JSON value of a ``--run`` file of command ``prog``.
+def _load_run_file(path: str, prog: str) -> dict:
+    """The run (a JSON object) of a ``--run`` file of command ``prog``.
 
     Raises:
         UsageError: the file is missing or unreadable (one line like ``--input``'s: ``prog: error: PATH: ...``).
-        InputError: the file is not JSON (the message names the path).
+        InputError: the file is not JSON, or not a JSON object (the message names the path).
     """
     try:
         stream = open_input(path)
@@ -373,17 +373,17 @@ def _load_run_file(path: str, prog: str) -> Any:
         raise UsageError(f"{prog}: error: {path}: cannot read: {exc.strerror or exc}") from None
     try:
         # stdin ('-') is opened without io's 'utf-8-sig': a byte-order mark some editors write is dropped here
-        return json.loads(text.removeprefix("\ufeff"))
+        run = json.loads(text.removeprefix("\ufeff"))
     except json.JSONDecodeError as exc:
         raise InputError(f"{path}: invalid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
+    if not isinstance(run, dict):
+        raise InputError(f"{path}: a run must be a JSON object")
+    return run
 
 
 def _run_from_args(args: argparse.Namespace, prog: str) -> dict:
     """The run-format dict described by ``--run`` and/or the run flags."""
-    run: Any = _load_run_file(args.run, prog) if args.run else {}
-    if not isinstance(run, dict):
-        raise InputError(f"{args.run}: a run must be a JSON object")
-    run = dict(run)
+    run = _load_run_file(args.run, prog) if args.run else {}
     if not args.run:
         missing = [flag for flag, ok in (("--model", args.model),
                                          ("--cluster or --device", args.cluster or args.device),
@@ -1033,9 +1033,7 @@ def _cmd_search(args: argparse.Namespace) -> int:
     """``learnedperf search``: the fastest valid strategies that fit, as a ranked table or JSON."""
     prog = "learnedperf search"
     try:
-        base: Any = _load_run_file(args.run, prog) if args.run else {}
-        if not isinstance(base, dict):
-            raise InputError(f"{args.run}: a run must be a JSON object")
+        base = _load_run_file(args.run, prog) if args.run else {}
     except InputError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1

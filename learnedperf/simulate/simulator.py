@@ -716,6 +716,19 @@ def _extrapolated_breakdown(bd1: dict, bd2: dict, slope: float, total: float) ->
     return total, bd
 
 
+def simulate_line(run: RunSpec, cost: CostModel, m1: int, m2: int) -> tuple[float, dict, "_Builder", ExecutionGraph]:
+    """The iteration of ``run`` along the line through ``m1`` and ``m2`` < ``run.num_microbatches`` micro-batches:
+    ``(time s, breakdown, m2's builder, m2's graph)`` (:func:`simulate` takes its pair by schedule).
+
+    The bottleneck stage of m2's pipeline is analysed at m1 too: the breakdown's line joins one stage.
+    """
+    t2, bd2, b2, eg, stage = _simulate_once(run, cost, m2)
+    t1, bd1, _b1, _, _ = _simulate_once(run, cost, m1, stage)
+    slope = (run.num_microbatches - m2) / (m2 - m1)
+    total, bd = _extrapolated_breakdown(bd1, bd2, slope, t2 + (t2 - t1) * slope)
+    return total, bd, b2, eg
+
+
 def _simulate_once(run: RunSpec, cost: CostModel, m: int, stage: Optional[int] = None):
     eg = compile_run(run, m)
     b = _Builder(eg, cost)
@@ -743,24 +756,19 @@ def simulate(run: RunSpec | dict, *, cost: CostModel | None = None, trace: bool 
     # of sharded states (ZeRO 1-3, FSDP) and shared links delay the first micro-batches unevenly, so the line is
     # taken from 2p and 4p: of 228 sampled pipelines of 4p to 64p micro-batches (sampler 11, seed 0) 8 extrapolate
     # more than 1 % off the exact time (worst 3.1 %), against 20 (worst 11.6 %, a ZeRO-3 GPipe run) from p and 2p,
-    # for twice the simulation time of such a run (experiments/breakdown_extrapolation.py --compare-pairs)
+    # for 1.6 times the simulation time of such a run (experiments/breakdown_extrapolation.py --compare-pairs)
     m1, m2 = (2 * s.pp, 4 * s.pp) if s.pp > 1 else (2, 3)
-    if s.zero_bubble:
+    if s.zero_bubble and s.v_shape:
         # deferred weight passes let early delays (the parameter gather, shared links) spread over the first
         # micro-batches, so ZB-H1 reaches its line later: from 2p and 4p, 248 of 250 sampled runs extrapolate
         # to within 0.1 % of the exact time, from p and 2p 221 (experiments/zero_bubble.py --n 1500 --seeds
         # 0,1,2; sampler 9), interleaved zero bubble 97 of 98 (worst 0.51 %; from p and 2p 81; sampler 10). ZB-V,
         # laid out on at least 2p-1 micro-batches, gets there later still: from 4p and 8p 78 of 83 (worst 0.65 %),
         # from max(2p, 8) and max(4p, 16) 73 (worst 2.6 %; sampler 10)
-        m1, m2 = (4 * s.pp, 8 * s.pp) if s.v_shape else (2 * s.pp, 4 * s.pp)
+        m1, m2 = 4 * s.pp, 8 * s.pp
     extrapolate = not (exact or trace) and m > m2
     if extrapolate:
-        # the bottleneck stage of m2's pipeline is analysed at m1 too: the breakdown's line joins one stage
-        t2, bd2, b2, eg, stage = _simulate_once(run, cost, m2)
-        t1, bd1, _b1, _, _ = _simulate_once(run, cost, m1, stage)
-        slope = (m - m2) / (m2 - m1)
-        total = t2 + (t2 - t1) * slope
-        total, bd = _extrapolated_breakdown(bd1, bd2, slope, total)
+        total, bd, b2, eg = simulate_line(run, cost, m1, m2)
         events = len(b2.e.t_stream)
         if m2 < memory_microbatches(run):  # m2's graph has the peak memory unless activations still grow
             eg = compile_run(run)
