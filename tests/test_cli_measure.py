@@ -80,6 +80,16 @@ def test_manifest_detects_a_changed_file(tmp_path):
         verify_manifest(tmp_path)
 
 
+def test_manifest_counts_rows_from_the_parquet_footer(tmp_path, monkeypatch):
+    """On a lent H200's image (pandas 3.0.6, pyarrow 25) ``read_parquet(f, columns=[])`` gave 0 rows,
+    and both of its manifests said 0 rows for 6,997 operator and 46 step records."""
+    rec = {k: 0 for k in STEP_COLUMNS}
+    write_parquet([rec] * 3, tmp_path / "steps_x.parquet", STEP_COLUMNS, "step")
+    monkeypatch.setattr(pd, "read_parquet", lambda *a, **k: pd.DataFrame())  # that image's answer
+    write_manifest(tmp_path, command="test", host={"name": "test"})
+    assert verify_manifest(tmp_path)["files"]["steps_x.parquet"]["rows"] == 3
+
+
 def test_write_parquet_refuses_records_off_schema(tmp_path):
     rec = {k: 0 for k in STEP_COLUMNS}
     del rec["run"]

@@ -426,12 +426,19 @@ def test_a_cpu_split_refits_the_measured_device_constants_without_that_cpu(data)
     assert all(refit.graphs[i] is runs.graphs[i] for i in np.flatnonzero(~cpu))
 
 
-def test_a_device_split_with_no_measured_run_is_skipped_before_a_regressor_is_fitted(data):
-    # the data set has no measured run on a Hopper GPU: its split is skipped with the reason, and no operator
-    # regressor is fitted without the Hopper kernels (minutes on the full data) just to find that out
+def test_a_device_split_with_no_measured_run_is_skipped_before_a_regressor_is_fitted(tmp_path):
+    # a data set with no measured run on a Hopper GPU (the repository's CPU data sets and vTrain):
+    # its split is skipped with the reason, and no operator regressor is fitted without the Hopper kernels
+    # (minutes on the full data) just to find that out
+    from learnedperf.data.generate import repo_measured_dir
     from learnedperf.models.evaluate import OP_DEVICE_HOLDOUT, evaluate
     from learnedperf.models.pipeline import _loader
 
+    cpus = [str(d) for d in sorted(repo_measured_dir().iterdir()) if any(d.glob("steps_cpu*.parquet"))]
+    assert cpus, "the repository's measured CPU data sets"
+    data = tmp_path / "data"
+    run_generate(20, data, seed=5, workers=1, progress=False, shard_size=10, measured_paths=cpus,
+                 neusight=False)  # vTrain: unseen_scale's test runs
     fitted = []
     report = evaluate(_loader(data, False, 20, node_times=False), methods=("simulator",),
                       splits=("unseen_scale", "unseen_device:Hopper"),
