@@ -593,7 +593,8 @@ def enumerate_strategies(model: Any, hw: Any, constraints: Optional[dict] = None
     ep (MoE), micro-batch size (dividing the batch per data-parallel rank), schedule and
     virtual stages, recomputation, ZeRO stage (with and without hybrid sharding: one copy of the states
     per node; where dp·cp is 1, ZeRO 1 and 2 shard nothing and only the lowest listed of stages 0-2 is a
-    candidate, see :func:`_distinct_zero_stages`), sequence parallelism and, with ep > 1, the expert
+    candidate, and with ``fsdp`` fixed ZeRO 0 and 3 are one FULL_SHARD candidate; see
+    :func:`_distinct_zero_stages`), sequence parallelism and, with ep > 1, the expert
     dispatch choices (alltoall only and all-to-alls blocking unless the constraints list more). Strategies the run
     validation rejects (e.g. interleaving whose micro-batches are not a multiple of pp) are counted by the
     caller as invalid, not hidden.
@@ -673,9 +674,13 @@ def _distinct_zero_stages(zeros: list[int], shard_group: int, fixed: dict) -> li
     ZeRO 0 (the simulator gives them the same time and memory), so only the lowest of those listed stays.
     ZeRO 3 stays: it still gathers each layer's weights into a buffer (the simulator charges that memory).
     With ``fsdp`` fixed every stage maps to an FSDP mode
-    (:attr:`~learnedperf.specs.strategy.Strategy.effective_zero_stage`) and the stages are left as listed."""
+    (:attr:`~learnedperf.specs.strategy.Strategy.effective_zero_stage`): 0 and 3 are both FULL_SHARD, so 0
+    goes where 3 is listed (3 also takes the hybrid-sharded layouts), at any group size; 1 stays listed and is
+    counted invalid (FSDP has no ZeRO-1 mode)."""
+    if fixed.get("fsdp"):
+        return [z for z in zeros if not (z == 0 and 3 in zeros)]
     unsharded = [z for z in zeros if z <= 2]
-    if shard_group != 1 or fixed.get("fsdp") or not unsharded:
+    if shard_group != 1 or not unsharded:
         return zeros
     keep = min(unsharded)
     return [z for z in zeros if z > 2 or z == keep]

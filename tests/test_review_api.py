@@ -120,9 +120,31 @@ def test_one_rank_to_shard_over_leaves_zero_0_and_3():
     assert {s["zero_stage"] for s in _space(ONE_A100, {"global_batch_size": 16, "zero_stages": [2, 1]})} == {1}
     cp2 = _space(A100_8, {"global_batch_size": 16, "tp": [4], "cp": [2], "pp": [1]})
     assert {s["dp"] for s in cp2} == {1} and {s["zero_stage"] for s in cp2} == {0, 1, 2, 3}
-    # fsdp fixed: the stages are FSDP modes and are left as listed
+    # fsdp fixed: the stages are FSDP modes, 0 and 3 both FULL_SHARD (3 stands for both), 1 invalid
     fsdp = _space(ONE_A100, {"global_batch_size": 16, "fixed": {"fsdp": True}})
-    assert {s["zero_stage"] for s in fsdp} == {0, 1, 2, 3}
+    assert {s["zero_stage"] for s in fsdp} == {1, 2, 3}
+    assert {s["zero_stage"] for s in _space(ONE_A100, {"global_batch_size": 16, "fixed": {"fsdp": True},
+                                                      "zero_stages": [0, 2]})} == {0, 2}
+
+
+def test_with_fsdp_fixed_zero_0_and_3_are_one_candidate():
+    # the simulator is the reason: with fsdp, ZeRO 0 and 3 are the same FULL_SHARD run (time and memory) at any
+    # data-parallel size, ZeRO 2 (SHARD_GRAD_OP) another; the search lists the valid candidates once each
+    from learnedperf.errors import SpecError
+    from learnedperf.simulate import simulate
+
+    base = {"tp": 2, "micro_batch_size": 2, "global_batch_size": 16, "fsdp": True}
+    outcomes = {}
+    for z in (0, 2, 3):
+        r = simulate({"model": MODEL, "hardware": A100_8, "strategy": {**base, "zero_stage": z}})
+        outcomes[z] = (r.iteration_time_s, r.memory.total)
+    assert outcomes[0] == outcomes[3] != outcomes[2]
+    with pytest.raises(SpecError, match="no ZeRO-1 mode"):
+        simulate({"model": MODEL, "hardware": A100_8, "strategy": {**base, "zero_stage": 1}})
+    cands = _space(A100_8, {"global_batch_size": 16, "tp": [2], "pp": [1], "cp": [1], "micro_batch_size": [2],
+                            "recompute": ["none"], "sequence_parallel": [False], "hybrid_sharding": [False],
+                            "fixed": {"fsdp": True}})
+    assert sorted(s["zero_stage"] for s in cands) == [1, 2, 3]  # 1 is counted invalid by the search
 
 
 def test_the_candidates_left_are_the_distinct_simulated_runs():
