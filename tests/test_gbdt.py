@@ -175,6 +175,40 @@ def test_learned_cost_uses_the_regressor_only_where_it_was_trained(fitted, tmp_p
         OpTimeRegressor.load(tmp_path / "m")
 
 
+def test_a_kind_and_dtype_seen_on_too_few_devices_covers_only_those(tmp_path):
+    # bf16 GEMMs on two devices (the lent H100 and H200 were one chip, two names), fp32 on all three: bf16 costs
+    # the two by the trees and any other device by the roofline; fp32 costs every device of the class
+    df = synthetic_records(600, 1)
+    names = [d["name"] for d in DEVICES]
+    assert len(names) == 3
+    df = df[(df["dtype"] == "fp32") | (df["device_name"] != names[2])]
+    reg = OpTimeRegressor(n_estimators=20, num_leaves=7).fit_records(df)
+    assert reg.min_coverage_devices == 3
+    assert reg.coverage_devices_[("accelerator", "matmul", "bf16")] == tuple(sorted(names[:2]))
+    gemm = Op("g", "matmul", "fwd", 2.0 * 512 ** 3, 3.0 * 512 * 512 * 2, "bf16", (1, 512, 512, 512))
+    single = Op("f", "matmul", "fwd", gemm.flops, 2 * gemm.bytes, "fp32", gemm.shape)
+    assert reg.covers(names[0], gemm) and reg.covers(names[1], gemm)
+    assert not reg.covers(names[2], gemm) and not reg.covers("another-gpu", gemm)
+    assert all(reg.covers(n, single) for n in [*names, "another-gpu"])
+    assert OpTimeRegressor(n_estimators=20, num_leaves=7, min_coverage_devices=2).fit_records(df).covers("x", gemm)
+    # saved and read back; a sidecar from before device names were recorded covers as it did (any record)
+    d = reg.save(tmp_path / "m")
+    assert OpTimeRegressor.load(d).coverage_devices_ == reg.coverage_devices_
+    assert not OpTimeRegressor.load(d).covers("another-gpu", gemm)
+    meta_path = d / "op_time_model.json"
+    meta = json.loads(meta_path.read_text())
+    old = {k: v for k, v in meta.items() if k != "coverage_devices"}
+    old["params"] = {k: v for k, v in meta["params"].items() if k != "min_coverage_devices"}
+    meta_path.write_text(json.dumps(old))
+    assert OpTimeRegressor.load(d).coverage_devices_ is None and OpTimeRegressor.load(d).covers("another-gpu", gemm)
+    meta["coverage_devices"] = [["accelerator", "matmul", "bf16", []]]
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(InputError, match="'coverage_devices' must be"):
+        OpTimeRegressor.load(d)
+    with pytest.raises(InputError, match="min_coverage_devices"):
+        OpTimeRegressor(min_coverage_devices=0)
+
+
 def test_excluded_features_do_not_change_predictions(fitted):
     X = op_features(synthetic_records(20, 5))
     X2 = X.copy()
