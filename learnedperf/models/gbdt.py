@@ -31,7 +31,7 @@ operator costs — where the device has no measured kernel curve for the op (its
 come first) and the regressor was trained on that kind of operator. An op whose
 (device class, kind, dtype) no training record had (the regressor's ``coverage_``: say a
 bf16 GEMM on a GPU when only NeuSight's fp32 GPU kernels were measured), or had on fewer than
-:data:`MIN_COVERAGE_DEVICES` devices other than the one asked about (``coverage_devices_``), is
+:data:`MIN_COVERAGE_DEVICES` devices, none of them the one asked about (``coverage_devices_``), is
 costed by the roofline instead: a tree model extrapolates flat outside its data, and on the
 held-out evaluation the learned costs beat the roofline where they had such data (fp32 V100
 steps) and lost where they had none (bf16 A100 steps) or only one chip's (bf16 A100 steps
@@ -74,8 +74,8 @@ _DEFAULT_PARAMS = {"n_estimators": 300, "learning_rate": 0.05, "num_leaves": 63,
 #: Trees learnt from one or two devices' kernels describe those chips, not the class: when the lent H100's and
 #: H200's bf16 kernels (one GH100 chip, two names) were the only bf16 GPU records, the trees costed every GPU's
 #: bf16 ops from them, and ``simulator+ops`` on the held-out A100 went from 7.8 to 9.1 % (unseen strategy 7.2 ->
-#: 8.6, scale 8.0 -> 8.8, random 10.4 -> 12.1); needing three devices put them back at 7.7, 7.2, 8.0 and 11.2 %,
-#: every other split unchanged (``learnedperf evaluate --methods simulator+ops`` on the README's data set of
+#: 8.6, scale 8.0 -> 8.8, random 10.4 -> 12.1); needing three devices gave 7.7, 7.2, 8.0 and 11.2 %, every other
+#: split unchanged (``learnedperf evaluate --methods simulator+ops`` on the README's data set of
 #: 2026-11-27, night). NeuSight's five GPUs cover fp32.
 MIN_COVERAGE_DEVICES = 3
 
@@ -167,7 +167,8 @@ class OpTimeRegressor:
             raise InputError("device_offset_prior_rows: expected a finite number > 0, "
                              f"got {device_offset_prior_rows!r}")
         self.device_offset_prior_rows = float(device_offset_prior_rows)
-        if isinstance(min_coverage_devices, bool) or not isinstance(min_coverage_devices, int) or min_coverage_devices < 1:
+        if (isinstance(min_coverage_devices, bool) or not isinstance(min_coverage_devices, int)
+                or min_coverage_devices < 1):
             raise InputError(f"min_coverage_devices: expected an integer >= 1, got {min_coverage_devices!r}")
         self.min_coverage_devices = min_coverage_devices
         self.exclude_features = tuple(exclude_features)
