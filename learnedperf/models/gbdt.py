@@ -75,7 +75,7 @@ _DEFAULT_PARAMS = {"n_estimators": 300, "learning_rate": 0.05, "num_leaves": 63,
 #: H200's bf16 kernels (one GH100 chip, two names) were the only bf16 GPU records, the trees costed every GPU's
 #: bf16 ops from them, and ``simulator+ops`` on the held-out A100 went from 7.8 to 9.1 % (unseen strategy 7.2 ->
 #: 8.6, scale 8.0 -> 8.8, random 10.4 -> 12.1); needing three devices gave 7.7, 7.2, 8.0 and 11.2 %, every other
-#: split unchanged (``learnedperf evaluate --methods simulator+ops`` on the README's data set of
+#: split within 0.1 point (``learnedperf evaluate --methods simulator+ops`` on the README's data set of
 #: 2026-11-27, night). NeuSight's five GPUs cover fp32.
 MIN_COVERAGE_DEVICES = 3
 
