@@ -72,11 +72,17 @@ def names(kind: str, sort: bool = True) -> list[str]:
     return sorted(entries) if sort else entries
 
 
+def device_key(name: str) -> str | None:
+    """The catalog's own name of device ``name`` (its name or an alias, case, spaces and punctuation aside), or
+    None when the catalog has no such device."""
+    return _load("devices")[1].get(_norm(name))
+
+
 def reference_cluster(device: str) -> str | None:
     """The catalog's first cluster built of ``device`` (a catalog device name or alias), or None: the vendor's
     reference system (DGX A100 for the A100 SXM4 80GB, DGX H100 for the H100 SXM5), since each kind lists
     those before later and derived systems."""
-    key = _load("devices")[1].get(_norm(device))
+    key = device_key(device)
     if key is None:
         return None
     return next((c for c, entry in _load("clusters")[0].items() if entry.get("device") == key), None)

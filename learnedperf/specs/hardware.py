@@ -216,20 +216,9 @@ class HardwareSpec(Spec):
         return value
 
 
-def _catalog_name(name: str) -> str:
-    """The catalog's own name of device ``name`` (given by an alias or in other case), or ``name`` itself when
-    the catalog has no such device."""
-    from ..catalog import get_device
-
-    try:
-        return get_device(name)["name"]
-    except SpecError:  # CatalogError: not a catalog device
-        return name
-
-
 def resolve_hardware(value: Any, prefix: str = "hardware") -> HardwareSpec:
     """Resolve the run format's ``hardware`` object (device name / inline device / cluster name)."""
-    from ..catalog import get_cluster, get_device, reference_cluster
+    from ..catalog import device_key, get_cluster, get_device, reference_cluster
 
     if isinstance(value, HardwareSpec):
         return value
@@ -258,7 +247,7 @@ def resolve_hardware(value: Any, prefix: str = "hardware") -> HardwareSpec:
         # cluster's; the cluster's own device, by any of its catalog names or inline (as to_dict writes it), is
         # accepted
         own = base["device"]
-        if _catalog_name(device.name) != _catalog_name(own):
+        if (device_key(device.name) or device.name) != (device_key(own) or own):
             raise SpecError(f"{prefix}.device", f"device {device.name!r} conflicts with cluster {base['name']!r}, "
                                                 f"which is built of {own!r}: give the cluster alone, or the device "
                                                 "with its links instead of the cluster")
