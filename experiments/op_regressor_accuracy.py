@@ -21,7 +21,7 @@ V100 gains them) or ``train,inf`` (inference graphs, forward nodes, of all five 
 
 The ``L2 unknown`` columns score the same model on the same held-out records with the L2 size taken
 out of the held-out device's descriptor: how a device the catalog describes without an L2 figure
-(H200, L4, T4, MI250X, ...) is predicted. ``--param unknown_cache_share=0`` trains without the rows
+(L4, T4, MI250X, ...) is predicted. ``--param unknown_cache_share=0`` trains without the rows
 that teach the trees such a device (:class:`~learnedperf.models.OpTimeRegressor`).
 
 ``--param KEY=VALUE`` (repeatable) passes other LightGBM parameters to every regressor (e.g.

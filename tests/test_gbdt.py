@@ -225,7 +225,7 @@ def test_unknown_l2_size_is_missing_not_a_cache_of_no_bytes():
     known = op_features_from_ops([op], DEVICES[1])[0]
     assert known[col] == pytest.approx(np.log1p(op.bytes) - np.log1p(6.0 * 2 ** 20), rel=1e-6)
     no_l2 = {k: v for k, v in DEVICES[1].items() if k != "l2_cache_MiB"}
-    # absent, null, or DeviceSpec's 0 default (the catalog's H200, L4, T4): NaN in both cache columns
+    # absent, null, or DeviceSpec's 0 default (the catalog's L4, T4): NaN in both cache columns
     for dev in (no_l2, {**no_l2, "l2_cache_MiB": None}, {**no_l2, "l2_cache_MiB": 0}):
         row = op_features_from_ops([op], dev)[0]
         assert np.isnan(row[col]) and np.isnan(row[raw])

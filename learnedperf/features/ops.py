@@ -113,7 +113,7 @@ def _schema_features() -> tuple[tuple[str, str], ...]:
 
 
 #: The operator feature schema. Version 2: a device whose descriptor gives no L2 size (DeviceSpec's
-#: ``l2_cache_MiB`` 0, as the catalog's H200, L4 or T4) has NaN in ``l2_cache_MiB`` and
+#: ``l2_cache_MiB`` 0, as the catalog's L4 or T4) has NaN in ``l2_cache_MiB`` and
 #: ``log_bytes_per_l2``; version 1 read it as a cache of no bytes, which no training device has.
 OP_FEATURE_SCHEMA = FeatureSchema(name="op", version=2, features=_schema_features())
 

@@ -88,7 +88,7 @@ MIN_COVERAGE_DEVICES = 3
 DEVICE_IDENTITY_FEATURES = ("num_sms", "l2_cache_MiB", "clock_MHz", "log_peak_flops", "log_mem_bw_Bps",
                             "log_ridge")
 
-#: The cache column that is NaN for a device whose data sheet gives no L2 size (the catalog's H200,
+#: The cache column that is NaN for a device whose data sheet gives no L2 size (the catalog's
 #: L4, T4, MI250X, ...; :data:`~learnedperf.features.OP_FEATURE_SCHEMA` v2).
 CACHE_COLUMN = "log_bytes_per_l2"
 #: Default share of training rows copied with the cache size unknown (see ``unknown_cache_share``).
