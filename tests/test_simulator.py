@@ -103,6 +103,28 @@ def test_single_device_time_is_sum_of_op_costs(m, exact):
     assert r.breakdown_s["optimizer"] == pytest.approx(opt, rel=1e-9)
 
 
+@pytest.mark.parametrize("m", [1, 8])
+def test_a_host_slower_than_every_kernel_binds_each_of_them(m):
+    # a host that takes 1 s to issue a kernel, far more than any kernel here takes: the device waits for every
+    # one, so a micro-batch takes (its kernels) seconds, the optimizer step as before (it is not a layer block)
+    from dataclasses import replace
+
+    run = make_run(LLAMA_GQA, num_devices=1, global_batch_size=m)
+    g = operator_graph(run.model, 1, run.strategy.precision, run.strategy.flash_attention, "adam")
+    kernels = sum(r for op, r in zip(g.ops, g.repeat) if op.phase in ("fwd", "bwd"))
+    plain = roofline(run, KNOWN_PARAMS)
+    opt = sum(plain.compute_time_s(op) * r for op, r in zip(g.ops, g.repeat) if op.phase == "opt")
+    assert max(plain.compute_time_s(op) for op in g.ops) < 0.5
+    host = roofline(run, replace(KNOWN_PARAMS, host_dispatch_us=1e6))
+    r = simulate(run, cost=host, exact=True)
+    assert r.iteration_time_s == pytest.approx(m * kernels * 1.0 + opt, rel=1e-9)
+    assert sum(r.breakdown_s[k] for k in ("forward", "backward", "optimizer")) == pytest.approx(r.iteration_time_s,
+                                                                                                 rel=1e-9)
+    # no host dispatch: the plain sum (test_single_device_time_is_sum_of_op_costs)
+    assert simulate(run, cost=roofline(run, replace(KNOWN_PARAMS, host_dispatch_us=0.0))).iteration_time_s == \
+        pytest.approx(simulate(run, cost=plain).iteration_time_s, rel=1e-12)
+
+
 @pytest.mark.parametrize("kw", [dict(num_devices=1), dict(num_devices=8, dp=8, overlap_grad_reduce=False),
                                 dict(num_devices=8, dp=8, fsdp=True)])
 def test_run_without_optimizer_step_drops_exactly_that_step(kw):

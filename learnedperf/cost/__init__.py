@@ -1,7 +1,7 @@
 """Cost models: what one node of the execution graph costs (see :mod:`.base`)."""
 
-from .base import CommCost, CostModel
+from .base import CommCost, CostModel, host_bound_s
 from .params import CostParams, default_params
 from .roofline import RooflineCost
 
-__all__ = ["CommCost", "CostModel", "CostParams", "RooflineCost", "default_params"]
+__all__ = ["CommCost", "CostModel", "CostParams", "RooflineCost", "default_params", "host_bound_s"]

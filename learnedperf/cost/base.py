@@ -28,11 +28,25 @@ class CommCost:
     algorithm: str = "ring"
 
 
+def host_bound_s(kernels_s: float, kernels: int, host_dispatch_s: float) -> float:
+    """Seconds of ``kernels`` kernels issued back to back that take ``kernels_s`` on the device, when the
+    host takes ``host_dispatch_s`` to issue each: ``max(kernels_s, kernels · host_dispatch_s)``.
+
+    Launches are asynchronous: the host runs ahead of the device and queues kernels, so over a block
+    the device waits only where the host issues more slowly than it computes (the rate of a two-stage
+    pipeline is its slower stage's). A per-kernel floor, ``Σ max(t, floor)``, charges every short kernel
+    even where long ones gave the host a lead.
+    """
+    return max(kernels_s, kernels * host_dispatch_s)
+
+
 class CostModel(ABC):
     """What an op costs on one device of a given hardware spec."""
 
     #: short name reported in predictions' ``source``
     name: str = "cost"
+    #: seconds the host takes to issue one kernel (:func:`host_bound_s`); 0: the host never binds
+    host_dispatch_s: float = 0.0
 
     @abstractmethod
     def compute_time_s(self, op: Op) -> float:

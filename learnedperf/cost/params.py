@@ -32,7 +32,10 @@ class CostParams:
         memory_efficiency: fraction of data-sheet DRAM bandwidth a memory-bound kernel reaches.
         kernel_launch_us: fixed time added to every kernel (launch gap and tail).
         kernel_floor_us: shortest time a kernel occupies the stream in a training step (the host's
-            per-operator dispatch time, which small kernels cannot hide).
+            per-operator dispatch time, which small kernels cannot hide), kernel by kernel.
+        host_dispatch_us: time the host takes to issue one kernel: a block of kernels issued back to back
+            (a layer's forward or backward) takes at least that many times it
+            (:func:`~learnedperf.cost.base.host_bound_s`). 0: the host never binds.
         link_efficiency_intra / link_efficiency_inter: fraction of data-sheet link bandwidth a
             collective reaches (NCCL bus bandwidth / link bandwidth).
         alpha_intra_us / alpha_inter_us: per-step latency of a ring collective inside / across nodes.
@@ -60,6 +63,7 @@ class CostParams:
     memory_efficiency: float = 0.8
     kernel_launch_us: float = 5.0
     kernel_floor_us: float = 0.0
+    host_dispatch_us: float = 0.0
     link_efficiency_intra: float = 0.8
     link_efficiency_inter: float = 0.8
     alpha_intra_us: float = 5.0

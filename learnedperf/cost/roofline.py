@@ -59,6 +59,7 @@ class RooflineCost(CostModel):
         self._sms = d.num_sms
         self._launch = self.p.kernel_launch_us * 1e-6
         self._floor = self.p.kernel_floor_us * 1e-6
+        self.host_dispatch_s = self.p.host_dispatch_us * 1e-6
         self._peak: dict[str, float] = {}
         self._cache: dict[Op, float] = {}
         # the curve lookup of each op, once: LearnedOpCost asks has_curve before compute_time_s

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..cost import CostModel, RooflineCost
+from ..cost import CostModel, RooflineCost, host_bound_s
 from ..graph.execution import (Chunk, ExecutionGraph, compile_run, fsdp_copy_ops, gradient_buckets, replica_allreduce,
                                sharded_units_per_chunk, split_weight_gradients, stage_of)
 from ..graph.ops import Group, Op, comm
@@ -105,7 +105,11 @@ def _unit_cost(blocks, cost: CostModel, hide_alltoall: bool = False) -> tuple:
     comp = 0.0
     blocking, hidden = [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]  # latency, intra bytes, inter bytes
     by_cat: dict[str, float] = {}
+    host = cost.host_dispatch_s
     for ops, rep in blocks:
+        block = 0.0
+        kernels = 0
+        cats: dict[str, float] = {}
         for op in ops:
             if op.is_comm:
                 c = cost.comm_cost(op)
@@ -114,9 +118,17 @@ def _unit_cost(blocks, cost: CostModel, hide_alltoall: bool = False) -> tuple:
                 load[1] += c.intra_bytes * rep
                 load[2] += c.inter_bytes * rep
             else:
-                t = cost.compute_time_s(op) * rep
-                comp += t
-                by_cat[op.phase] = by_cat.get(op.phase, 0.0) + t
+                t = cost.compute_time_s(op)
+                block += t
+                kernels += 1
+                cats[op.phase] = cats.get(op.phase, 0.0) + t
+        # a block's kernels are issued back to back: the host binds it where it issues them more slowly than
+        # the device runs them, and each phase takes its share of the block
+        bound = host_bound_s(block, kernels, host)
+        stretch = bound / block if block > 0 else 0.0
+        comp += bound * rep
+        for phase, t in cats.items():
+            by_cat[phase] = by_cat.get(phase, 0.0) + t * stretch * rep
     return (comp, *blocking, *hidden, by_cat)
 
 
