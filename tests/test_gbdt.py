@@ -484,6 +484,38 @@ def test_training_data_names_a_corrupt_or_changed_file(tmp_path):
         load_op_training_data([d], neusight=False, rows_per_device=0)
 
 
+def test_a_manifest_can_hold_its_operator_records_out_of_training(tmp_path):
+    from learnedperf.measure.records import sha256_file
+
+    good = synthetic_records(20, 0)
+    for c in OP_COLUMNS:
+        if c not in good.columns:
+            good[c] = None
+    dirs = []
+    for name in ("kept", "held"):
+        d = tmp_path / name
+        d.mkdir()
+        good[list(OP_COLUMNS)].to_parquet(d / "ops_gpu.parquet")
+        dirs.append(d)
+    files = {"ops_gpu.parquet": {"sha256": sha256_file(dirs[1] / "ops_gpu.parquet")}}
+
+    def manifest(entry):
+        (dirs[1] / "manifest.json").write_text(json.dumps({"files": files, "operator_training": entry}))
+
+    manifest({"use": False, "why": "timed on a host that binds them"})
+    df = load_op_training_data(dirs, neusight=False)
+    # the held-out set's 20 records are counted, with the manifest's reason; the other set's are all there
+    assert len(df) == 20 and set(df["provenance"]) == {str(dirs[0])}
+    assert df.attrs["skipped"] == {f"{dirs[1]}/ops_gpu.parquet: held out of operator training by its manifest "
+                                   "(timed on a host that binds them)": 20}
+    manifest({"use": True, "why": "kept"})
+    assert len(load_op_training_data(dirs, neusight=False)) == 40
+    for bad in ({"use": "no", "why": "x"}, {"use": False}, {"use": False, "why": " "}, False, ["use"]):
+        manifest(bad)
+        with pytest.raises(InputError, match="'operator_training' must be"):
+            load_op_training_data(dirs, neusight=False)
+
+
 def test_the_pipeline_regressor_learns_accelerator_kernels_only():
     from learnedperf.graph.ops import Op
     from learnedperf.measure.public import default_shared_data

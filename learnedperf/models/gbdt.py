@@ -569,6 +569,32 @@ def _read_offsets(data: Any, where: Path) -> dict:
 MEASURED_DIR = Path(__file__).resolve().parents[2] / "datasets" / "measured"
 
 
+def _held_out_of_operator_training(manifest: dict, path: Path) -> str | None:
+    """The reason a measured data set's manifest gives for keeping its operator records out of the
+    regressor's training (``"operator_training": {"use": false, "why": ...}``), or None to use them.
+
+    A data set's steps stay in the learned models' training either way: the key says only that its
+    isolated operator timings describe something other than the device (the lent GPUs' VM hosts)."""
+    entry = manifest.get("operator_training")
+    if entry is None:
+        return None
+    if (not isinstance(entry, dict) or not isinstance(entry.get("use"), bool)
+            or not isinstance(entry.get("why"), str) or not entry["why"].strip()):
+        raise InputError(f"{path}: 'operator_training' must be {{\"use\": true or false, \"why\": a reason}}, "
+                         f"got {entry!r}")
+    return None if entry["use"] else entry["why"].strip()
+
+
+def _parquet_rows(path: Path) -> int:
+    """Rows of a Parquet file, from its footer."""
+    import pyarrow.parquet as pq
+
+    try:
+        return int(pq.read_metadata(path).num_rows)
+    except Exception as exc:  # pyarrow: truncated or corrupt file
+        raise InputError(f"{path}: cannot read operator records ({type(exc).__name__}: {exc})") from None
+
+
 def _provenance(directory: Path) -> str:
     """``directory`` relative to the repository root when inside it (``'datasets/measured/vm-xeon-2c'``)."""
     root = MEASURED_DIR.parents[1]
@@ -652,10 +678,15 @@ def load_op_training_data(measured_dirs: Iterable[str | Path] | None = None, neu
     for d in map(Path, measured_dirs):
         if not d.is_dir():
             raise InputError(f"{d}: no such directory of measured records")
+        held_out = None
         if (d / "manifest.json").is_file():
-            verify_manifest(d)
+            held_out = _held_out_of_operator_training(verify_manifest(d), d / "manifest.json")
         prov = _provenance(d)
         for f in sorted(d.glob("ops_*.parquet")):
+            if held_out is not None:
+                skipped[f"{prov}/{f.name}: held out of operator training by its manifest ({held_out})"] = \
+                    _parquet_rows(f)
+                continue
             try:
                 df = pd.read_parquet(f)
             except Exception as exc:  # pyarrow: truncated or corrupt file, not Parquet at all
@@ -735,6 +766,8 @@ class LearnedOpCost(CostModel):
         self.hw = hardware
         self.regressor = regressor
         self.comm = comm or RooflineCost(hardware)
+        # the host issues learned kernels as it does the roofline's
+        self.host_dispatch_s = self.comm.host_dispatch_s
         self._device = hardware.device.to_dict()
         self._cache: dict[Op, float] = {}
         #: distinct compute ops costed by the regressor / by ``comm`` (outside the regressor's coverage)
