@@ -1,9 +1,11 @@
 """What the cost model's kernel floor does to the simulator, by model size, tensor parallelism and GPU.
 
-``kernel_floor_us`` (``learnedperf/cost/data/params.json``, fitted by ``experiments/calibrate_steps.py`` on a
-quarter of vTrain's runs and SC21's) is the shortest time a kernel occupies the stream in a training step:
-the framework's per-operator host dispatch, which small kernels cannot hide. It is applied per kernel,
-``max(t, floor)``, as if the host never ran ahead of the GPU. This script prints, for the shipped constants
+``kernel_floor_us`` (``learnedperf/cost/data/params.json``) is the shortest time a kernel occupies the stream in
+a training step: the framework's per-operator host dispatch, which small kernels cannot hide. It is applied per
+kernel, ``max(t, floor)``, as if the host never ran ahead of the GPU. Until 2026-11-28 it was fitted by
+``experiments/calibrate_steps.py`` (70 µs); the shipped constants now time the host as running ahead instead
+(``host_dispatch_us``, ``experiments/host_pipeline.py``) with the floor at 0, and the floors given here are added
+on top of that. This script prints, for the shipped constants
 and for each ``--floor-us`` given, the simulator's iteration time against the measured one:
 
 * vTrain's 1,440 single-node A100 runs, median predicted / measured per (TP, hidden size): small models on

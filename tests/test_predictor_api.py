@@ -173,11 +173,12 @@ def test_spec_cache_resolves_once_and_never_caches_errors():
 
 
 def test_a_prediction_says_what_widened_its_interval(predictor):
-    # the shipped checkpoint's measured runs: vTrain's A100-SXM4-80GB steps on up to 8 GPUs (tp/pp/dp mixes)
-    h100 = {"model": "llama-2-7b", "hardware": {"cluster": "dgx-h100", "num_devices": 64},
+    # the shipped checkpoint's measured runs: vTrain's A100-SXM4-80GB steps on up to 8 GPUs (tp/pp/dp mixes), and
+    # since 2026-11-28 the lent H100's and H200's single-GPU steps: a B200 is a device none of them had
+    b200 = {"model": "llama-2-7b", "hardware": {"cluster": "dgx-b200", "num_devices": 64},
             "strategy": {"cp": 2, "global_batch_size": 64}}
     for tier in ("fast", "full"):
-        near, far = predictor.predict(RUN, tier=tier), predictor.predict(h100, tier=tier)
+        near, far = predictor.predict(RUN, tier=tier), predictor.predict(b200, tier=tier)
         assert near["novelty"] == []
         assert far["novelty"] == ["unseen_device", "unseen_scale", "unseen_strategy"]
         # each class widens: the far run's interval is relatively wider
