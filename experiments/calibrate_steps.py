@@ -25,10 +25,10 @@ others (how well the constants carry to a CPU they were not fitted on). Usage::
 
     python experiments/calibrate_steps.py [--data ../shared/data] [--model host|floor] [--dry-run]
                                           [--hold-out-sc21]
+    python experiments/calibrate_steps.py --measured [DATASET_DIR ...] [--dry-run]
 
 ``--hold-out-sc21`` fits on the vTrain quarter alone and scores SC21's 10 multi-node runs as held out (it
 writes nothing): how each model carries from one node to 32-3,072 GPUs.
-    python experiments/calibrate_steps.py --measured [DATASET_DIR ...] [--dry-run]
 """
 
 from __future__ import annotations
