@@ -171,6 +171,21 @@ def sha256_file(path: str | Path) -> str:
     return h.hexdigest()
 
 
+def parquet_rows(path: str | Path) -> int:
+    """Rows of a Parquet file, from its footer (pandas 3.0.6 with pyarrow 25, a lent GPU's image, reads a
+    file with no column selected as 0 rows).
+
+    Raises:
+        InputError: the file is missing, truncated or not Parquet (the message names it).
+    """
+    import pyarrow.parquet as pq
+
+    try:
+        return int(pq.read_metadata(path).num_rows)
+    except Exception as exc:  # pyarrow: truncated or corrupt file
+        raise InputError(f"{path}: cannot read its Parquet footer ({type(exc).__name__}: {exc})") from None
+
+
 def write_manifest(directory: str | Path, *, command: str, host: dict, extra: dict | None = None) -> Path:
     """Write ``directory/manifest.json`` describing every ``*.parquet`` file in it.
 
@@ -180,13 +195,10 @@ def write_manifest(directory: str | Path, *, command: str, host: dict, extra: di
         host: descriptor of the machine (name, CPU, cores, GPU, measured DeviceSpec ...).
         extra: more keys to store (counts, notes).
     """
-    import pyarrow.parquet as pq
-
     directory = Path(directory)
     files = {}
     for f in sorted(directory.glob("*.parquet")):
-        # the footer's row count: pandas 3.0.6 with pyarrow 25 (a lent GPU's image) reads no column as 0 rows
-        files[f.name] = {"sha256": sha256_file(f), "rows": int(pq.read_metadata(f).num_rows)}
+        files[f.name] = {"sha256": sha256_file(f), "rows": parquet_rows(f)}
     manifest = {
         "schema_version": SCHEMA_VERSION,
         "created": now_utc(),

@@ -585,16 +585,6 @@ def _held_out_of_operator_training(manifest: dict, path: Path) -> str | None:
     return None if entry["use"] else entry["why"].strip()
 
 
-def _parquet_rows(path: Path) -> int:
-    """Rows of a Parquet file, from its footer."""
-    import pyarrow.parquet as pq
-
-    try:
-        return int(pq.read_metadata(path).num_rows)
-    except Exception as exc:  # pyarrow: truncated or corrupt file
-        raise InputError(f"{path}: cannot read operator records ({type(exc).__name__}: {exc})") from None
-
-
 def _provenance(directory: Path) -> str:
     """``directory`` relative to the repository root when inside it (``'datasets/measured/vm-xeon-2c'``)."""
     root = MEASURED_DIR.parents[1]
@@ -665,7 +655,7 @@ def load_op_training_data(measured_dirs: Iterable[str | Path] | None = None, neu
     from ..features.ops import KINDS
     from ..graph.ops import COMM_KINDS
     from ..measure import public
-    from ..measure.records import OP_COLUMNS, verify_manifest
+    from ..measure.records import OP_COLUMNS, parquet_rows, verify_manifest
 
     if rows_per_device is not None and (isinstance(rows_per_device, bool)
                                         or not isinstance(rows_per_device, numbers.Integral) or rows_per_device <= 0):
@@ -685,7 +675,7 @@ def load_op_training_data(measured_dirs: Iterable[str | Path] | None = None, neu
         for f in sorted(d.glob("ops_*.parquet")):
             if held_out is not None:
                 skipped[f"{prov}/{f.name}: held out of operator training by its manifest ({held_out})"] = \
-                    _parquet_rows(f)
+                    parquet_rows(f)
                 continue
             try:
                 df = pd.read_parquet(f)
