@@ -358,6 +358,21 @@ def test_choose_method_weighs_criteria_not_device_splits():
     assert best == "b" and means == {"a": 6.0, "b": 5.0}
 
 
+def test_choose_method_counts_the_held_out_hopper_as_a_device():
+    """The lent H100's and H200's steps are held out together as ``unseen_device:Hopper``: one more draw of an
+    unseen device. "a" is better on the A100 and far worse on Hopper: (2 + 12) / 2 = 7 against 5."""
+    from learnedperf.models.pipeline import choose_method
+
+    def split(mapes):
+        return {"test_measured": 3, "methods": {m: {"mape": v} for m, v in mapes.items()}}
+
+    report = {"methods": ["a", "b"], "predictions": [],
+              "splits": {"unseen_device:A100": split({"a": 2.0, "b": 5.0}),
+                         "unseen_device:Hopper": split({"a": 12.0, "b": 5.0})}}
+    best, means = choose_method(report)
+    assert best == "b" and means == {"a": 7.0, "b": 5.0}
+
+
 def test_merge_reports():
     from learnedperf.models.evaluate import merge_reports
 

@@ -82,25 +82,35 @@ def pooled_conformal_quantile(groups: Any, level: float) -> float:
 
     A new device (or family) is exchangeable with the devices held out in the evaluation, not
     with their runs: 1,440 runs of one held-out device are one draw of "how wrong on an unseen
-    device", as are 122 runs of another. So the groups' empirical CDFs are averaged (the CDF
-    pooling of Dunn, Wasserman and Ramdas, "Distribution-free prediction sets for two-layer
-    hierarchical models", JASA 2022), each with split conformal's ``n + 1`` denominator:
-    ``F(x) = (1/K)·Σ_k #{r_ki <= x} / (n_k + 1)``. The upper quantile is the smallest residual
-    with ``F >= level`` (the largest residual when none reaches it); the lower one is the same
-    rule on the negated residuals. One group gives exactly :func:`conformal_quantile`.
+    device", as are 122 runs of another. So the groups' empirical CDFs are averaged (the pooled CDF
+    of Dunn, Wasserman and Ramdas, "Distribution-free prediction sets for two-layer hierarchical
+    models", JASA 2022): ``F(x) = (1/K)·Σ_k #{r_ki <= x} / n_k``. The upper quantile is the smallest
+    residual with ``F >= level``; the lower one is the same rule on the negated residuals. One group
+    gives exactly :func:`conformal_quantile` (split conformal over exchangeable runs).
+
+    Each group's CDF is its plain empirical one, without split conformal's ``n_k + 1``: that
+    correction is for one more *run* of a group, and here the new draw is a group. With it, groups
+    of 3 to 11 runs (the held-out P4, T4, P100 and V100 of NeuSight) left over 8 % of the mass
+    unreachable, the 95 % level could not be met and the bound fell back to the largest residual
+    of any group: novelty intervals 5.5 times wide that covered 99 % of the held-out devices' runs
+    against a 90 % target. Weighted plainly, leaving each device split out in turn, they cover 88 %
+    at a width of 1.66 (``python experiments/interval_coverage.py --report REPORT.json``).
     """
     import numpy as np
 
     arrays = [np.asarray(g, dtype=float) for g in groups if len(g)]
     if not arrays:
         raise InputError("conformal quantile of an empty calibration set")
+    if len(arrays) == 1:
+        return conformal_quantile(arrays[0], level)
     if level < 0.5:
         return -pooled_conformal_quantile([-a for a in arrays], 1.0 - level)
     values = np.concatenate(arrays)
-    weights = np.concatenate([np.full(len(a), 1.0 / (len(arrays) * (len(a) + 1))) for a in arrays])
+    weights = np.concatenate([np.full(len(a), 1.0 / (len(arrays) * len(a))) for a in arrays])
     order = np.argsort(values, kind="stable")
     cdf = np.cumsum(weights[order])
     hit = np.nonzero(cdf >= level - 1e-9)[0]  # the same rounding guard as conformal_quantile
+    # the weights sum to 1, so some residual reaches any level <= 1 (rounding aside: then the largest)
     return float(values[order[hit[0]]] if len(hit) else values[order[-1]])
 
 

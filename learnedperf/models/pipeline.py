@@ -24,8 +24,8 @@ from .iteration import METHODS, IterationModel, needs_ops
 #: criteria — unseen device, scale, family, strategy — weigh the same, so that adding devices does not
 #: outvote the other kinds of generalisation (a report without a split averages the others).
 CHOICE_SPLITS = ("unseen_device:A100", "unseen_device:Xeon", "unseen_device:EPYC", "unseen_device:V100",
-                 "unseen_device:T4", "unseen_device:P100", "unseen_device:P4", "unseen_scale", "unseen_family",
-                 "unseen_strategy")
+                 "unseen_device:T4", "unseen_device:P100", "unseen_device:P4", "unseen_device:Hopper", "unseen_scale",
+                 "unseen_family", "unseen_strategy")
 
 
 def excluded_rows(device_names: Any, exclude: Callable[[str], bool], keep: int = 0, seed: int = 0) -> Any:
