@@ -49,12 +49,14 @@ def _grid_fit(loss, grids: dict[str, np.ndarray]) -> dict[str, float]:
     return {k: float(v) for k, v in zip(keys, best)} | {"_mean_abs_log_error": float(best_val)}
 
 
-def fit_memory_bound(ops) -> dict[str, float]:
-    """Fit ``memory_efficiency`` and ``kernel_launch_us`` on NeuSight's memory-bound ops."""
+def fit_memory_bound(ops, names: frozenset[str] | set[str] | None = None) -> dict[str, float]:
+    """Fit ``memory_efficiency`` and ``kernel_launch_us`` on NeuSight's memory-bound ops (those named in
+    ``names``, default every element-wise, ``ln`` and ``softmax`` op: the shipped fit)."""
     devs = _devices()
     # isolated-kernel timings carry a ~20-30 µs measurement floor (launch + event sync) that kernels queued
     # back to back in a training step do not pay: fit the bandwidth term on kernels above 100 µs only
-    d = ops[ops.op.isin(_BINARY | _UNARY) & ops.device.isin(list(devs)) & (ops.latency_ms > 0.1)]
+    names = (_BINARY | _UNARY) if names is None else names
+    d = ops[ops.op.isin(names) & ops.device.isin(list(devs)) & (ops.latency_ms > 0.1)]
     numel = d.B.to_numpy(float) * d.H.to_numpy(float)
     tensors = np.where(d.op.isin(_BINARY), 3.0, 2.0)
     nbytes = numel * tensors * 4.0
