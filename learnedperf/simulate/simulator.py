@@ -98,30 +98,53 @@ class SimResult:
 
 
 # ------------------------------------------------------------------ costs
-def _unit_cost(blocks, cost: CostModel, hide_alltoall: bool = False) -> tuple:
+def _block_cost(ops, cost: CostModel, hide_alltoall: bool) -> tuple:
+    """One block's ops once: ``(kernel seconds, kernels, {phase: kernel seconds}, collectives)``, the collectives
+    as ``(hidden, latency, intra bytes, inter bytes)`` in op order (``hidden``: an expert all-to-all that runs
+    beside computation, ``hide_alltoall``)."""
+    block = 0.0
+    kernels = 0
+    cats: dict[str, float] = {}
+    comms = []
+    for op in ops:
+        if op.is_comm:
+            c = cost.comm_cost(op)
+            comms.append((hide_alltoall and op.kind == "alltoall", c.latency_s, c.intra_bytes, c.inter_bytes))
+        else:
+            t = cost.compute_time_s(op)
+            block += t
+            kernels += 1
+            cats[op.phase] = cats.get(op.phase, 0.0) + t
+    return block, kernels, cats, comms
+
+
+def _unit_cost(blocks, cost: CostModel, hide_alltoall: bool = False, memo: Optional[dict] = None) -> tuple:
     """Compute seconds and aggregated collective load of a list of (ops, repeat) blocks:
     ``(comp, lat, intra, inter, a_lat, a_intra, a_inter, by_cat)``. The expert all-to-alls' latency and bytes
-    are in ``a_*`` when ``hide_alltoall`` (they run beside computation), else with the blocking ones."""
+    are in ``a_*`` when ``hide_alltoall`` (they run beside computation), else with the blocking ones.
+
+    ``memo`` (a dict that one builder owns, with one cost model) keeps each ops list's :func:`_block_cost` by
+    identity: a compiled graph shares one list among the identical layers of every chunk, so the ops of a layer
+    are costed once per build rather than once per chunk (and per unit of :func:`_layer_units`). The sums below
+    take the same terms in the same order either way."""
     comp = 0.0
     blocking, hidden = [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]  # latency, intra bytes, inter bytes
     by_cat: dict[str, float] = {}
     host = cost.host_dispatch_s
     for ops, rep in blocks:
-        block = 0.0
-        kernels = 0
-        cats: dict[str, float] = {}
-        for op in ops:
-            if op.is_comm:
-                c = cost.comm_cost(op)
-                load = hidden if hide_alltoall and op.kind == "alltoall" else blocking
-                load[0] += c.latency_s * rep
-                load[1] += c.intra_bytes * rep
-                load[2] += c.inter_bytes * rep
-            else:
-                t = cost.compute_time_s(op)
-                block += t
-                kernels += 1
-                cats[op.phase] = cats.get(op.phase, 0.0) + t
+        if memo is None:
+            block, kernels, cats, comms = _block_cost(ops, cost, hide_alltoall)
+        else:
+            key = (id(ops), hide_alltoall)
+            hit = memo.get(key)
+            if hit is None or hit[0] is not ops:  # the memo holds the list, so its id is not reused meanwhile
+                hit = memo[key] = (ops, _block_cost(ops, cost, hide_alltoall))
+            block, kernels, cats, comms = hit[1]
+        for is_hidden, lat, intra, inter in comms:
+            load = hidden if is_hidden else blocking
+            load[0] += lat * rep
+            load[1] += intra * rep
+            load[2] += inter * rep
         # a block's kernels are issued back to back: the host binds it where it issues them more slowly than
         # the device runs them, and each phase takes its share of the block
         bound = host_bound_s(block, kernels, host)
@@ -133,21 +156,22 @@ def _unit_cost(blocks, cost: CostModel, hide_alltoall: bool = False) -> tuple:
 
 
 def _layer_units(blocks, cost: CostModel, first_end: bool, last_end: bool, max_units: int,
-                 hide_alltoall: bool = False) -> list[tuple[int, tuple]]:
+                 hide_alltoall: bool = False, memo: Optional[dict] = None) -> list[tuple[int, tuple]]:
     """A chunk's forward or backward as per-layer units: [(layers, (comp, lat, intra, inter, a_lat, a_intra,
     a_inter))] (:func:`_unit_cost`).
 
     ``blocks`` are the chunk's (ops, repeat) blocks in execution order; ``first_end`` / ``last_end``
     say whether the first / last block is a non-layer end (embedding, LM head), whose cost joins the
     first / last unit. Consecutive layers are grouped so that there are at most ``max_units`` units.
+    ``memo``: :func:`_unit_cost`'s.
     """
     rest = list(blocks)
     first = [rest.pop(0)] if first_end and rest else []
     last = [rest.pop()] if last_end and rest else []
-    head, tail = _unit_cost(first, cost, hide_alltoall)[:7], _unit_cost(last, cost, hide_alltoall)[:7]
+    head, tail = _unit_cost(first, cost, hide_alltoall, memo)[:7], _unit_cost(last, cost, hide_alltoall, memo)[:7]
     layers: list[tuple] = []
     for ops, rep in rest:
-        one = _unit_cost([(ops, 1)], cost, hide_alltoall)[:7]
+        one = _unit_cost([(ops, 1)], cost, hide_alltoall, memo)[:7]
         layers.extend([one] * rep)
     if not layers:
         return [(0, tuple(a + b for a, b in zip(head, tail)))]
@@ -175,6 +199,7 @@ class _Builder:
         self.grad_memo: dict[tuple, tuple] = {}
         self.copy_memo: dict[tuple, float] = {}
         self.sharded_memo: dict[tuple, tuple] = {}
+        self.block_memo: dict[tuple, tuple] = {}  # _unit_cost's, for this builder's graph and cost model
 
     def link(self, stage: int, level: str) -> int:
         key = (stage, level)
@@ -385,13 +410,13 @@ class _Builder:
         zb = s.zero_bubble
         for st in eg.stages:
             for c in st.chunks:
-                fcost[c.vstage] = _unit_cost(c.forward, cost, hide)
+                fcost[c.vstage] = _unit_cost(c.forward, cost, hide, self.block_memo)
                 if zb:
                     b_blocks, w_blocks = split_weight_gradients(c.backward)
-                    bcost[c.vstage] = _unit_cost(b_blocks, cost, hide)
-                    wcost[c.vstage] = _unit_cost(w_blocks, cost, hide)
+                    bcost[c.vstage] = _unit_cost(b_blocks, cost, hide, self.block_memo)
+                    wcost[c.vstage] = _unit_cost(w_blocks, cost, hide, self.block_memo)
                 else:
-                    bcost[c.vstage] = _unit_cost(c.backward, cost, hide)
+                    bcost[c.vstage] = _unit_cost(c.backward, cost, hide, self.block_memo)
 
         # pipeline p2p: adjacent virtual stages on the same node or not
         pg = eg.p2p_group
@@ -407,15 +432,24 @@ class _Builder:
                 lat_of[lvl] = cost.comm_cost(comm("p2p", "p2p", "fwd", eg.p2p_bytes,
                                                   Group(2, 2 if lvl == "intra" else 1), s.precision))
             return lat_of[lvl].latency_s, [(self.link(src, lvl), eg.p2p_bytes), (self.link(dst, lvl), eg.p2p_bytes)]
-        self.p2p = p2p
+        # (p2p is not kept on self: a closure over self stored on self is a reference cycle, which left every
+        # builder, its engine and its graph for the cyclic garbage collector, a fifth of the simulation's time)
+
+        sends: dict[tuple[int, int], Optional[tuple]] = {}  # (rank, to_vs) -> hand_over's, asked every unit
 
         def hand_over(i: int, to_vs: int):
             """:meth:`p2p` from rank ``i`` to the rank of virtual stage ``to_vs``; None past either end of the
             pipeline, or where that rank is ``i`` itself (the turn of a V keeps the activations in place)."""
+            key = (i, to_vs)
+            if key in sends:
+                return sends[key]  # callers copy the demands, never change them
             if not 0 <= to_vs < n_v:
-                return None
-            to = stage_of(to_vs, pp, s.v_shape)
-            return None if to == i else p2p(i, to)
+                out = None
+            else:
+                to = stage_of(to_vs, pp, s.v_shape)
+                out = None if to == i else p2p(i, to)
+            sends[key] = out
+            return out
 
         fwd_done: dict[tuple[int, int], int] = {}  # (vstage, mb) -> task whose end delivers activations
         bwd_done: dict[tuple[int, int], int] = {}
@@ -443,9 +477,11 @@ class _Builder:
             for st in range(pp):
                 self.comm_streams[st].append(rs_streams[st])
             cap = sharded_units_per_chunk(n_v)
-            funits = {c.vstage: _layer_units(c.forward, cost, c.vstage == 0, c.vstage == n_v - 1, cap, hide)
+            funits = {c.vstage: _layer_units(c.forward, cost, c.vstage == 0, c.vstage == n_v - 1, cap, hide,
+                                             self.block_memo)
                       for st in eg.stages for c in st.chunks}
-            bunits = {c.vstage: _layer_units(c.backward, cost, c.vstage == n_v - 1, c.vstage == 0, cap, hide)
+            bunits = {c.vstage: _layer_units(c.backward, cost, c.vstage == n_v - 1, c.vstage == 0, cap, hide,
+                                             self.block_memo)
                       for st in eg.stages for c in st.chunks}
         elif zero in (1, 2) and eg.shard_group.size > 1 and s.overlap_param_gather:
             for st in eg.stages:
