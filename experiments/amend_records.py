@@ -20,8 +20,13 @@ Running one again changes nothing.
   (per-layer gathers and reduce-scatters); records written before ``strategy.fsdp`` could say
   SHARD_GRAD_OP describe them as ``zero_stage: 2`` alone, which the simulator reads as DeepSpeed's
   bucketed ZeRO-2. Sets ``fsdp: true`` on those steps and their ``strategy_kind`` to ``'fsdp'``.
+* ``moe_loop`` — ``learnedperf measure`` runs a dropless mixture of experts one expert at a time
+  (``MoEFeedForward._dropless``: every expert's gather, MLP and scatter-add launched once per expert);
+  records written before ``strategy.moe_grouped_gemm`` existed read as the default, one grouped kernel per
+  expert operation. Adds ``"moe_grouped_gemm": false`` to every dropless MoE step (no
+  ``moe_capacity_factor``); padded steps run batched GEMMs and keep the default.
 
-Usage: ``python experiments/amend_records.py {autocast,busbw,fsdp} DATASET_DIR ...``
+Usage: ``python experiments/amend_records.py {autocast,busbw,fsdp,moe_loop} DATASET_DIR ...``
 """
 
 from __future__ import annotations
@@ -114,7 +119,23 @@ def amend_fsdp(directory: Path, command: str) -> int:
                        kind=lambda run, old: "fsdp" if run["strategy"].get("fsdp") else old)
 
 
-AMENDMENTS = {"autocast": amend_autocast, "busbw": amend_busbw, "fsdp": amend_fsdp}
+def mark_moe_loop(run: dict) -> None:
+    """Add ``moe_grouped_gemm: false`` to a dropless MoE step that does not say how its experts ran."""
+    s = run.get("strategy", {})
+    if run.get("model", {}).get("arch") == "moe" and s.get("moe_capacity_factor") is None \
+            and "moe_grouped_gemm" not in s:
+        s["moe_grouped_gemm"] = False
+
+
+def amend_moe_loop(directory: Path, command: str) -> int:
+    """The ``moe_loop`` amendment of ``directory`` (see the module docstring)."""
+    return amend_steps(directory, mark_moe_loop, command,
+                       "dropless MoE steps ran their experts one at a time (MoEFeedForward._dropless): added "
+                       "strategy.moe_grouped_gemm = false to their run and recomputed run_id; measured values "
+                       "unchanged")
+
+
+AMENDMENTS = {"autocast": amend_autocast, "busbw": amend_busbw, "fsdp": amend_fsdp, "moe_loop": amend_moe_loop}
 
 
 def main(argv: list[str]) -> int:

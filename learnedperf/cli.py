@@ -61,7 +61,7 @@ _STRATEGY_FLAGS = {
     "sequence_parallel": "sequence_parallel", "precision": "precision",
     "mixed_precision": "mixed_precision", "flash_attention": "flash_attention", "optimizer": "optimizer",
     "forward_only": "forward_only", "moe_dispatcher": "moe_dispatcher", "overlap_moe_comm": "overlap_moe_comm",
-    "moe_capacity_factor": "moe_capacity_factor",
+    "moe_capacity_factor": "moe_capacity_factor", "moe_grouped_gemm": "moe_grouped_gemm",
 }
 # the run format's specs.strategy.PIPELINE_SCHEDULES, spelled out: the specs import pydantic, which this module
 # leaves to the commands that build runs (tests/test_zb_v.py checks that the two agree)
@@ -169,6 +169,9 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="expert capacity factor: each expert processes F times its balanced share of tokens, "
                         "padded (Megatron-Core's moe_expert_capacity_factor with padding; for a dropless router, "
                         "its max/mean expert load)")
+    m.add_argument("--no-moe-grouped-gemm", dest="moe_grouped_gemm", action="store_const", const=False,
+                   help="experts run one at a time, each expert operation launched once per local expert "
+                        "(Megatron-Core's SequentialMLP, Hugging Face's expert loops); default: grouped GEMMs")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -513,6 +516,8 @@ def _table(pred: dict, run: Any) -> str:
         knobs.append("all-to-alls overlapped")
     if s.moe_capacity_factor is not None:
         knobs.append(f"expert capacity x{s.moe_capacity_factor:g}")
+    if not s.moe_grouped_gemm:
+        knobs.append("experts one at a time")
     knobs += [f"micro-batch {s.micro_batch_size}", f"global batch {s.global_batch_size}"]
     if s.pp > 1:
         knobs.append(s.pipeline_schedule + (f" x{s.virtual_pipeline_stages}" if s.virtual_pipeline_stages > 1 else ""))

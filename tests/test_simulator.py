@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from conftest import FREE_COMM_PARAMS, GPT_SMALL, KNOWN_PARAMS, LLAMA_GQA, make_run, roofline, serial_ddp_parts
+from conftest import FREE_COMM_PARAMS, GPT_SMALL, KNOWN_PARAMS, LLAMA_GQA, MOE, make_run, roofline, serial_ddp_parts
 from learnedperf.graph.execution import compile_run
 from learnedperf.graph.transformer import operator_graph
 from learnedperf.simulate import simulate
@@ -123,6 +123,36 @@ def test_a_host_slower_than_every_kernel_binds_each_of_them(m):
     # no host dispatch: the plain sum (test_single_device_time_is_sum_of_op_costs)
     assert simulate(run, cost=roofline(run, replace(KNOWN_PARAMS, host_dispatch_us=0.0))).iteration_time_s == \
         pytest.approx(simulate(run, cost=plain).iteration_time_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("ep", [1, 2])
+def test_experts_run_one_at_a_time_cost_the_host_a_launch_each(ep):
+    # a host that takes 1 s a launch binds every block. One expert at a time (moe_grouped_gemm false, Megatron-Core's
+    # SequentialMLP) launches each expert-MLP op once per local expert: fc1, the activation and fc2 forward (3),
+    # fc1's and fc2's input and weight gradients and the activation's backward (5), so every MoE layer of every
+    # micro-batch adds 8 (local experts - 1) launches, i.e. seconds; the device's work is the same
+    from dataclasses import replace
+
+    kw = dict(num_devices=2, dp=2, ep=ep, global_batch_size=4, overlap_grad_reduce=False)
+    grouped, loop = make_run(MOE, **kw), make_run(MOE, moe_grouped_gemm=False, **kw)
+    host = replace(KNOWN_PARAMS, host_dispatch_us=1e6)
+    t_grouped = simulate(grouped, cost=roofline(grouped, host), exact=True).iteration_time_s
+    t_loop = simulate(loop, cost=roofline(loop, host), exact=True).iteration_time_s
+    local, micro_batches = MOE["num_experts"] // ep, 2
+    assert t_loop - t_grouped == pytest.approx(micro_batches * MOE["num_layers"] * 8 * (local - 1), rel=1e-9)
+    # without a binding host the loop changes nothing
+    assert simulate(loop, cost=roofline(loop)).iteration_time_s == \
+        pytest.approx(simulate(grouped, cost=roofline(grouped)).iteration_time_s, rel=1e-12)
+
+
+def test_moe_grouped_gemm_is_for_experts_and_left_out_at_its_default():
+    from learnedperf.errors import SpecError
+
+    with pytest.raises(SpecError, match="strategy.moe_grouped_gemm.*no experts"):
+        make_run(GPT_SMALL, moe_grouped_gemm=False)
+    # written only where it differs from the default: runs of before the key keep their JSON (and run ids)
+    assert "moe_grouped_gemm" not in make_run(MOE).to_dict()["strategy"]
+    assert make_run(MOE, moe_grouped_gemm=False).to_dict()["strategy"]["moe_grouped_gemm"] is False
 
 
 @pytest.mark.parametrize("kw", [dict(num_devices=1), dict(num_devices=8, dp=8, overlap_grad_reduce=False),

@@ -50,6 +50,9 @@ class Op:
             ``(batch, heads, s_q, s_kv, head_dim)``; others ``(rows, cols)``.
         group: for collectives, the placement of the group.
         causal: attention with a causal mask.
+        kernels: kernels the host launches for the op (its time is theirs together): more than one where
+            a mixture of experts runs its experts one at a time (``Strategy.moe_grouped_gemm`` false), what
+            the host's dispatch is charged for (:func:`~learnedperf.cost.host_bound_s`).
     """
 
     name: str
@@ -61,6 +64,7 @@ class Op:
     shape: tuple = ()
     group: Optional[Group] = None
     causal: bool = False
+    kernels: int = 1
 
     @property
     def is_comm(self) -> bool:

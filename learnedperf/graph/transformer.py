@@ -10,7 +10,7 @@ and inserts the collectives.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..specs import ModelSpec, RunSpec
 from ..units import dtype_bytes
@@ -35,6 +35,7 @@ class Shard:
     autocast: bool = False  # fp32 weights cast to ``dtype`` at every GEMM (torch.autocast)
     deepep: bool = False  # tokens dispatched once per rank and per node (Strategy.moe_dispatcher 'deepep')
     expert_load: float = 1.0  # the busiest expert's rows over the balanced share (Strategy.moe_capacity_factor)
+    grouped_gemm: bool = True  # local experts' GEMMs in one kernel each, else one expert at a time (moe_grouped_gemm)
 
     @property
     def e(self) -> int:
@@ -71,7 +72,7 @@ def shard_for(run: RunSpec, tp_group: Group, cp_group: Group, ep_group: Group) -
                  sp=s.sequence_parallel and s.tp > 1, dtype=s.precision, flash=s.flash_attention,
                  tp_group=tp_group, cp_group=cp_group, ep_group=ep_group, ep=s.ep, autocast=s.autocast,
                  deepep=s.moe_dispatcher == "deepep",
-                 expert_load=s.expert_load)
+                 expert_load=s.expert_load, grouped_gemm=s.moe_grouped_gemm)
 
 
 def expert_alltoall(name: str, model: ModelSpec, sh: Shard, tokens: int, row_bytes: int, dtype: str) -> list[Op]:
@@ -271,10 +272,15 @@ def layer_forward(model: ModelSpec, sh: Shard, moe: bool = False, prefix: str = 
             expert_rows = rows * local_experts
         # the router already cast the tokens for autocast: only the expert weights are new; fp8 casts the
         # dispatched tokens whole
+        expert_mlp = len(ops)
         linear(f"{prefix}.mlp.fc1", rows, up, h, fused=False, batch=local_experts)
         ops.append(elementwise(f"{prefix}.mlp.act", "elementwise", "fwd", expert_rows * f_local, 2 if gated else 1,
                                1, e, dt, 8.0, f_local))
         linear(f"{prefix}.mlp.fc2", rows, h, f_local, batch=local_experts)
+        if not sh.grouped_gemm and local_experts > 1:
+            # one expert at a time: the same work, launched once per local expert (the device time is costed
+            # as the grouped ops'; the host issues every launch)
+            ops[expert_mlp:] = [replace(op, kernels=local_experts) for op in ops[expert_mlp:]]
         if sh.ep > 1:
             if regroup:
                 ops.append(elementwise(f"{prefix}.moe.unsort_chunks", "elementwise", "fwd", moved * h, 1, 1, e, dt,
@@ -318,14 +324,14 @@ def backward_of(fwd: list[Op]) -> list[Op]:
             if op.dtype == "fp8":
                 # the output gradient's cast_transpose to fp8 (2 bytes read, 1 + 1 written), for both GEMMs
                 out.append(Op(f"{name}.grad_fp8_cast", "elementwise", "bwd", float(b * m * n), float(b * m * n * 4),
-                              "fp8", (b * m * n, 1)))
+                              "fp8", (b * m * n, 1), kernels=op.kernels))
             out.append(Op(f"{name}.dgrad", "matmul", "bwd", op.flops, float(b * (m * n + n * k + m * k) * e),
-                          op.dtype, (b, m, k, n)))
+                          op.dtype, (b, m, k, n), kernels=op.kernels))
             out.append(Op(f"{name}.wgrad", "matmul", "bwd", op.flops, float(b * (m * k + m * n + k * n) * e),
-                          op.dtype, (b, k, n, m)))
+                          op.dtype, (b, k, n, m), kernels=op.kernels))
         elif op.kind == "attention":
             out.append(Op(f"{name}.bwd", "attention", "bwd", 2.0 * op.flops, 2.0 * op.bytes, op.dtype, op.shape,
-                          None, op.causal))
+                          None, op.causal, op.kernels))
         elif op.kind == "allgather":
             out.append(Op(f"{name}.bwd", "reducescatter", "bwd", 0.0, op.bytes, op.dtype, (), op.group))
             out.append(Op(f"{name}.regather", "allgather", "bwd", 0.0, op.bytes, op.dtype, (), op.group))
@@ -335,9 +341,10 @@ def backward_of(fwd: list[Op]) -> list[Op]:
             out.append(Op(f"{name}.bwd", op.kind, "bwd", 0.0, op.bytes, op.dtype, (), op.group))
         elif name.endswith(".cast"):
             # the gradient of a cast is the reverse cast of the same number of elements
-            out.append(Op(f"{name}.bwd", op.kind, "bwd", op.flops, op.bytes, op.dtype, op.shape))
+            out.append(Op(f"{name}.bwd", op.kind, "bwd", op.flops, op.bytes, op.dtype, op.shape, kernels=op.kernels))
         else:
-            out.append(Op(f"{name}.bwd", op.kind, "bwd", op.flops * 2.0, op.bytes * 2.0, op.dtype, op.shape))
+            out.append(Op(f"{name}.bwd", op.kind, "bwd", op.flops * 2.0, op.bytes * 2.0, op.dtype, op.shape,
+                          kernels=op.kernels))
     return out
 
 

@@ -463,7 +463,8 @@ def run_dict(config: StepConfig, hardware: dict) -> dict:
     interleaved schedules' ``v``; left out at 1),
     precision, fused attention (SDPA), recomputation, ZeRO / FSDP, the gradient
     bucket, whether gradient reduction overlapped backward and a MoE model's expert
-    capacity factor (left out when dropless).
+    capacity factor (left out when dropless) and, when dropless, ``moe_grouped_gemm`` false (the
+    experts run one at a time).
     """
     plan = plan_step(config)
     return _run_dict(plan, hardware)
@@ -501,6 +502,10 @@ def _run_dict(plan: StepPlan, hardware: dict) -> dict:
         **({"dp_replicate": plan.dp_replicate} if plan.dp_replicate > 1 else {}),
         # left out when dropless (the run format's None), as the run format writes it
         **({"moe_capacity_factor": s["moe_capacity_factor"]} if s["moe_capacity_factor"] is not None else {}),
+        # a dropless MoE runs its experts one at a time (MoEFeedForward._dropless); padded to capacity they run
+        # as batched GEMMs, one kernel each (the run format's default, left out)
+        **({"moe_grouped_gemm": False} if plan.model.get("arch") == "moe" and s["moe_capacity_factor"] is None
+           else {}),
     }
     return {"model": dict(plan.model), "hardware": hw, "strategy": strategy}
 

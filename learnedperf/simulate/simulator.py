@@ -113,7 +113,7 @@ def _block_cost(ops, cost: CostModel, hide_alltoall: bool) -> tuple:
         else:
             t = cost.compute_time_s(op)
             block += t
-            kernels += 1
+            kernels += op.kernels
             cats[op.phase] = cats.get(op.phase, 0.0) + t
     return block, kernels, cats, comms
 

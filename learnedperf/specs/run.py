@@ -222,6 +222,9 @@ def _complete_strategy(model: ModelSpec, hw: HardwareSpec, s: Strategy) -> Strat
     if s.moe_capacity_factor is not None and not model.is_moe:
         raise SpecError("strategy.moe_capacity_factor", f"moe_capacity_factor={s.moe_capacity_factor} sizes the "
                                                         f"experts' inputs; {model.name} has no experts")
+    if not s.moe_grouped_gemm and not model.is_moe:
+        raise SpecError("strategy.moe_grouped_gemm", f"moe_grouped_gemm=False runs experts one at a time; "
+                                                     f"{model.name} has no experts")
     if s.ep > 1:
         if not model.is_moe:
             raise SpecError("strategy.ep", f"ep={s.ep} needs a mixture-of-experts model; {model.name} has none")

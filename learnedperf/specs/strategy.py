@@ -98,6 +98,12 @@ class Strategy(Spec):
                     "DualPipe, Megatron-Core's overlap_moe_expert_parallel_comm): each forward or backward "
                     "part takes the longer of its kernels and its all-to-alls, its kernels slowed by the SMs "
                     "the communication holds")
+    moe_grouped_gemm: bool = Field(
+        default=True,
+        description="a rank's local experts run their GEMMs together, one grouped kernel per expert operation "
+                    "(Megatron-Core's GroupedMLP, moe_grouped_gemm); false: one expert at a time, every expert "
+                    "operation launched once per local expert (Megatron-Core's SequentialMLP, Hugging Face's "
+                    "expert loops), which costs the host as many launches")
     moe_capacity_factor: Optional[float] = Field(
         default=None, gt=0, le=1024, allow_inf_nan=False,
         description="rows each expert processes over the balanced share T·k/E of a rank's tokens (Megatron-Core's "
@@ -161,8 +167,9 @@ class Strategy(Spec):
         return self
 
     def omitted_defaults(self) -> dict:
-        """The expert-dispatch keys at their defaults (:data:`EXPERT_DISPATCH_DEFAULTS`)."""
-        return EXPERT_DISPATCH_DEFAULTS
+        """The expert-dispatch keys at their defaults (:data:`EXPERT_DISPATCH_DEFAULTS`) and
+        ``moe_grouped_gemm`` at true: runs written before these keys existed keep their JSON and run id."""
+        return {**EXPERT_DISPATCH_DEFAULTS, "moe_grouped_gemm": True}
 
     @property
     def effective_zero_stage(self) -> int:
