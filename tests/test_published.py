@@ -595,6 +595,21 @@ def test_a_stated_capacity_factor_sizes_the_experts(tmp_path, name, notes, facto
     assert RunSpec.from_dict(m.run).strategy.moe_capacity_factor == factor
 
 
+@pytest.mark.parametrize("name, notes, grouped", [
+    ("Mixtral-8x7B", "Megatron-Core, SequentialMLP", False),
+    ("Mixtral-8x7B", "no grouped GEMM", False),
+    ("Mixtral-8x7B", "moe_grouped_gemm=False", False),
+    ("Mixtral-8x7B", "Megatron-Core, --moe-grouped-gemm", True),
+    ("Mixtral-8x7B", "", True),
+    ("GPT 1.3B", "SequentialMLP ablation of the MoE runs", True),  # a dense model has no experts to loop over
+])
+def test_a_stated_expert_loop_runs_the_experts_one_at_a_time(tmp_path, name, notes, grouped):
+    got = load_published(_hybrid_table(tmp_path, {"num_gpus": "8", "model": name, "notes": notes}))
+    (m,) = got.runs
+    assert RunSpec.from_dict(m.run).strategy.moe_grouped_gemm is grouped
+    assert ("moe_grouped_gemm" in m.run["strategy"]) == (not grouped)
+
+
 @pytest.mark.parametrize("name, notes, reason", [
     ("Some MoE 2B", "", "states no expert count"),
     ("DeepSeek-V3.2-Exp", "", "shared experts"),  # not the catalog's DeepSeek-V3: sparse attention besides

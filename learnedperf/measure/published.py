@@ -825,6 +825,7 @@ def _strategy(row: dict, model: dict, num_gpus: int, per_node: int, assumed: lis
         s.update(_expert_dispatch(row))
     if model.get("arch") == "moe":
         s.update(_capacity_factor(row))
+        s.update(_expert_loop(row))
     if _flag(row, "sp"):
         s["sequence_parallel"] = True
     # a run on part of one node is that node: its data-parallel ranks all share it
@@ -872,6 +873,18 @@ def _capacity_factor(row: dict) -> dict:
     moe_expert_capacity_factor); nothing where they do not: dropless, balanced routing."""
     hit = _CAPACITY.search(_words(row))
     return {"moe_capacity_factor": float(hit.group(1))} if hit else {}
+
+
+# experts run one at a time: Megatron-Core's SequentialMLP (its default without --moe-grouped-gemm), or a stated
+# "no grouped GEMM"; GroupedMLP, "grouped GEMM" and TE's grouped linear are the run format's default
+_EXPERT_LOOP = re.compile(r"\bsequential[\s_-]?mlp\b|\b(?:no|without)\s+(?:the\s+)?grouped[\s_-]?gemms?\b"
+                          r"|moe[\s_-]grouped[\s_-]gemm\s*[=:]\s*(?:false|0)\b")
+
+
+def _expert_loop(row: dict) -> dict:
+    """``moe_grouped_gemm`` false where a MoE row's words say its experts ran one at a time (SequentialMLP, no
+    grouped GEMM); nothing where they do not (grouped experts, the run format's default)."""
+    return {"moe_grouped_gemm": False} if _EXPERT_LOOP.search(_words(row)) else {}
 
 
 def _flash_attention(row: dict, assumed: list) -> bool:
