@@ -23,6 +23,7 @@ from dataclasses import replace
 from learnedperf.cost import RooflineCost, default_params
 from learnedperf.graph.execution import compile_run
 from learnedperf.measure.public import load_vtrain
+from learnedperf.simulate.simulator import _block_cost
 from learnedperf.specs import RunSpec
 
 EFFICIENCIES = (0.7, 0.75, 0.8, 0.85)
@@ -30,23 +31,17 @@ DISPATCH_US = (60, 65, 70, 75, 80, 85, 90)
 
 
 def blocks(eg, cost) -> tuple[list, list]:
-    """Forward and backward blocks of the first chunk: (kernel seconds, kernels, collective seconds, repeats)."""
+    """Forward and backward blocks of the first chunk: (kernel seconds, kernels, collective seconds, repeats), the
+    kernels and collectives as the simulator costs a block (:func:`learnedperf.simulate.simulator._block_cost`)."""
     chunk = eg.stages[0].chunks[0]
+    intra, inter = cost.link_bandwidth_Bps("intra"), cost.link_bandwidth_Bps("inter")
     out = []
     for part in (chunk.forward, chunk.backward):
         seq = []
         for ops, rep in part:
-            dev = comm_s = 0.0
-            kernels = 0
-            for op in ops:
-                if op.is_comm:
-                    c = cost.comm_cost(op)
-                    comm_s += c.latency_s + c.intra_bytes / cost.link_bandwidth_Bps("intra")
-                    if c.inter_bytes:
-                        comm_s += c.inter_bytes / cost.link_bandwidth_Bps("inter")
-                else:
-                    dev += cost.compute_time_s(op)
-                    kernels += 1
+            dev, kernels, _phases, comms = _block_cost(ops, cost, False)
+            comm_s = sum(lat + b_intra / intra + (b_inter / inter if b_inter else 0.0)
+                         for _hidden, lat, b_intra, b_inter in comms)
             seq.append((dev, kernels, comm_s, rep))
         out.append(seq)
     return out[0], out[1]
