@@ -247,6 +247,16 @@ def test_attach_curves_amends_a_data_set(tmp_path):
         attach_curves(d)
 
 
+def _assert_same_numbers(got, want, path="") -> None:
+    """``got`` has ``want``'s keys and structure, and each number within 1e-5 of it."""
+    if isinstance(want, dict):
+        assert isinstance(got, dict) and set(got) == set(want), (path, got, want)
+        for k in want:
+            _assert_same_numbers(got[k], want[k], f"{path}.{k}")
+    else:
+        assert got == pytest.approx(want, rel=1e-5, abs=1e-9), path
+
+
 def test_committed_cpu_steps_carry_the_curves_of_their_operator_records():
     import pandas as pd
 
@@ -257,8 +267,10 @@ def test_committed_cpu_steps_carry_the_curves_of_their_operator_records():
         device = json.loads(text)["hardware"]["device"]
         plain = {k: v for k, v in device.items() if k not in ("kernel_curves", "optimizer_step")}
         want = with_curves(plain, curves, "")
-        assert device["kernel_curves"] == want["kernel_curves"]
-        assert device["optimizer_step"] == want["optimizer_step"]
+        # the fit is a numerical optimisation: refitting under other numpy/scipy builds may move the 6th digit
+        # that the records round to (0.571977 against 0.571978 tflops), so leaves compare to 1e-5
+        _assert_same_numbers(device["kernel_curves"], want["kernel_curves"])
+        _assert_same_numbers(device["optimizer_step"], want["optimizer_step"])
     # what the curves say about this CPU: its bf16 GEMMs ramp far more than its fp32 ones, its fused
     # bf16 attention runs at most at about half its bf16 GEMM rate, and its causal attention skips key
     # blocks of at least 256 keys (a GPU flash kernel's tile is 128; PyTorch's CPU kernel splits keys in 512s)
