@@ -112,6 +112,30 @@ def test_autocast_step_is_slower_and_reduces_fp32_gradients():
         make_run(GPT_SMALL, precision="fp8", mixed_precision="autocast")
 
 
+@pytest.mark.parametrize("m", [1, 4])
+def test_autocast_forward_casts_cost_the_host_no_dispatch(m):
+    # a host that takes 1 s a dispatch binds every block (test_simulator's closed form). torch.autocast casts a
+    # GEMM's inputs inside the GEMM's own call, so a forward cast costs the host nothing; its gradient is an
+    # autograd node of its own (ToCopyBackward0) and costs a dispatch like every other backward kernel. A
+    # micro-batch therefore takes (its ops - its forward casts) seconds, the optimizer step as before
+    from dataclasses import replace
+
+    from conftest import KNOWN_PARAMS, roofline
+    from learnedperf.graph.transformer import operator_graph
+
+    run = make_run(LLAMA_GQA, global_batch_size=m, mixed_precision="autocast")
+    g = operator_graph(run.model, 1, "bf16", run.strategy.flash_attention, "adam", autocast=True)
+    step = [(op, r) for op, r in zip(g.ops, g.repeat) if op.phase in ("fwd", "bwd")]
+    casts = sum(r for op, r in step if op.phase == "fwd" and op.name.endswith(".cast"))
+    grads = sum(r for op, r in step if op.phase == "bwd" and op.name.endswith(".cast.bwd"))
+    assert casts > 0 and grads == casts  # each forward cast has its gradient's reverse cast
+    plain = roofline(run, KNOWN_PARAMS)
+    opt = sum(plain.compute_time_s(op) * r for op, r in zip(g.ops, g.repeat) if op.phase == "opt")
+    host = roofline(run, replace(KNOWN_PARAMS, host_dispatch_us=1e6))
+    t = simulate(run, cost=host, exact=True).iteration_time_s
+    assert t == pytest.approx(m * (sum(r for _op, r in step) - casts) + opt, rel=1e-9)
+
+
 def test_autocast_is_a_feature_of_both_schemas():
     from learnedperf.features.graph import GLOBAL_FEATURE_SCHEMA, global_feature_vector
     from learnedperf.features.run import RUN_FEATURE_SCHEMA, RunContext, run_features

@@ -212,7 +212,7 @@ def _costs(ctx: RunContext, ops: list) -> tuple[float, float, float, float, floa
         else:
             t = cost.compute_time_s(op)
             comp += t
-            kernels += op.kernels
+            kernels += op.dispatches
             if op.kind not in ("matmul", "attention", "conv"):
                 mem += t
             elif is_weight_gradient(op):

@@ -53,6 +53,8 @@ class Op:
         kernels: kernels the host launches for the op (its time is theirs together): more than one where
             a mixture of experts runs its experts one at a time (``Strategy.moe_grouped_gemm`` false), what
             the host's dispatch is charged for (:func:`~learnedperf.cost.host_bound_s`).
+        host_free: launched inside another op's call, so the host is charged no dispatch for it (autocast's
+            forward casts: torch.autocast converts a GEMM's inputs within the GEMM's own call).
     """
 
     name: str
@@ -65,6 +67,13 @@ class Op:
     group: Optional[Group] = None
     causal: bool = False
     kernels: int = 1
+    host_free: bool = False
+
+    @property
+    def dispatches(self) -> int:
+        """Dispatches the host is charged for (:func:`~learnedperf.cost.host_bound_s`): ``kernels``, or 0 when
+        ``host_free``."""
+        return 0 if self.host_free else self.kernels
 
     @property
     def is_comm(self) -> bool:

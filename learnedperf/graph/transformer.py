@@ -107,10 +107,13 @@ def cast(name: str, phase: str, numel: float, src_bytes: int, dst_bytes: int, dt
     """A dtype conversion of ``numel`` elements (reads ``src_bytes``, writes ``dst_bytes`` each).
 
     Named ``*.cast``: its backward converts the gradient back with the same traffic
-    (:func:`backward_of`), not the two passes of other memory-bound ops.
+    (:func:`backward_of`), not the two passes of other memory-bound ops. The forward cast is ``host_free``:
+    torch.autocast converts an op's inputs inside that op's own call (the autocast dispatch key), so its
+    kernel rides on a call the framework makes anyway. The backward is an autograd node of its own
+    (``ToCopyBackward0``), charged like every other backward kernel.
     """
     return Op(f"{name}.cast", "elementwise", phase, float(numel), float(numel * (src_bytes + dst_bytes)), dtype,
-              (int(numel), 1))
+              (int(numel), 1), host_free=True)
 
 
 def _autocast_gemm(ops: list[Op], sh: Shard, name: str, weights: float, inputs: float = 0.0) -> None:

@@ -99,7 +99,7 @@ class SimResult:
 
 # ------------------------------------------------------------------ costs
 def _block_cost(ops, cost: CostModel, hide_alltoall: bool) -> tuple:
-    """One block's ops once: ``(kernel seconds, kernels, {phase: kernel seconds}, collectives)``, the collectives
+    """One block's ops once: ``(kernel seconds, host dispatches, {phase: kernel seconds}, collectives)``, the collectives
     as ``(hidden, latency, intra bytes, inter bytes)`` in op order (``hidden``: an expert all-to-all that runs
     beside computation, ``hide_alltoall``)."""
     block = 0.0
@@ -113,7 +113,7 @@ def _block_cost(ops, cost: CostModel, hide_alltoall: bool) -> tuple:
         else:
             t = cost.compute_time_s(op)
             block += t
-            kernels += op.kernels
+            kernels += op.dispatches
             cats[op.phase] = cats.get(op.phase, 0.0) + t
     return block, kernels, cats, comms
 
