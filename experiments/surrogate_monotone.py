@@ -35,20 +35,11 @@ from device_dominance import dominates
 
 
 def label(predictor, runs) -> tuple:
-    """(features, analytic s, full ms) of the runs the full tier answers."""
-    from learnedperf.errors import LearnedPerfError
-    from learnedperf.specs import RunSpec
+    """(features, analytic s, full ms) of the runs the full tier answers, as ``learnedperf train`` labels them."""
+    from learnedperf.predict import surrogate_labels
 
-    X, a, y = [], [], []
-    for raw in runs:
-        spec = RunSpec.from_dict(raw)
-        try:
-            t = predictor.predict_with_result(spec)[0]["iteration_time_ms"]
-        except LearnedPerfError:
-            continue  # a run the full tier refuses teaches nothing (distil_surrogate counts them the same way)
-        _ctx, _mem, x, at = predictor._features(spec)
-        X.append(x), a.append(at.total_s), y.append(t)
-    return np.asarray(X, float), np.asarray(a, float), np.asarray(y, float)
+    rows, _refused = surrogate_labels(predictor, runs)
+    return tuple(np.asarray([r[k] for r in rows], dtype=float) for k in range(3))
 
 
 def probe_pairs(predictor, n: int) -> tuple:

@@ -723,6 +723,30 @@ def _ranking_confidence(preds: list[dict]) -> tuple[list[float], list[float]]:
     return [float(x) for x in p_best], p_next
 
 
+def surrogate_labels(predictor: Predictor, runs: Any) -> tuple[list, int]:
+    """What :func:`distil_surrogate` fits on: ``runs`` (run-format dicts) labelled by ``predictor``'s full tier.
+
+    Returns:
+        ``(rows, refused)``: a row ``(run features, analytic s, full ms, breakdown shares)`` per run the full tier
+        answers, in :data:`~learnedperf.models.surrogate.BREAKDOWN_PARTS` order; the count of runs it refused.
+    """
+    from .models.surrogate import BREAKDOWN_PARTS
+    from .specs import RunSpec
+
+    rows, failed = [], 0
+    for raw in runs:
+        spec = RunSpec.from_dict(raw)
+        try:
+            pred = predictor.predict_with_result(spec)[0]
+        except LearnedPerfError:
+            failed += 1  # counted and reported: a run the full tier cannot answer teaches nothing
+            continue
+        _ctx, _mem, x, at = predictor._features(spec)
+        t = pred["iteration_time_ms"]
+        rows.append((x, at.total_s, t, [pred["breakdown_ms"].get(p, 0.0) / t for p in BREAKDOWN_PARTS]))
+    return rows, failed
+
+
 def distil_surrogate(predictor: Predictor, n: int = 20000, seed: int = 0, holdout: float = 0.2,
                      progress: bool = False, log: Any = lambda s: None, anchors: Optional[list] = None,
                      n_near: int = 0) -> tuple[Any, dict]:
@@ -750,27 +774,16 @@ def distil_surrogate(predictor: Predictor, n: int = 20000, seed: int = 0, holdou
     from .data.sampler import anchor_groups, draw_near, sample_runs
     from .models.intervals import conformal_quantile
     from .models.metrics import mape
-    from .models.surrogate import BREAKDOWN_PARTS, SurrogateRegressor
-    from .specs import RunSpec
+    from .models.surrogate import SurrogateRegressor
 
     def label(it: Any, total: int, desc: str) -> tuple[list, int, float]:
         """(rows of [features, analytic s, full ms, shares], runs the full tier refused, seconds)"""
         t0 = time.perf_counter()
-        rows, failed = [], 0
         if progress:
             from tqdm import tqdm
 
             it = tqdm(it, total=total, desc=desc, unit="run")
-        for _i, raw in it:
-            spec = RunSpec.from_dict(raw)
-            try:
-                pred = predictor.predict_with_result(spec)[0]
-            except LearnedPerfError:
-                failed += 1  # counted and reported: a run the full tier cannot answer teaches nothing
-                continue
-            _ctx, _mem, x, at = predictor._features(spec)
-            t = pred["iteration_time_ms"]
-            rows.append((x, at.total_s, t, [pred["breakdown_ms"].get(p, 0.0) / t for p in BREAKDOWN_PARTS]))
+        rows, failed = surrogate_labels(predictor, (raw for _i, raw in it))
         return rows, failed, time.perf_counter() - t0
 
     def arrays(rows: list) -> tuple:
@@ -822,4 +835,5 @@ def distil_surrogate(predictor: Predictor, n: int = 20000, seed: int = 0, holdou
     return SurrogateRegressor(random_state=seed).fit(X, y, a, S), fidelity
 
 
-__all__ = ["Predictor", "SEARCH_CONSTRAINTS", "TIERS", "distil_surrogate", "enumerate_strategies", "error_text"]
+__all__ = ["Predictor", "SEARCH_CONSTRAINTS", "TIERS", "distil_surrogate", "enumerate_strategies", "error_text",
+           "surrogate_labels"]

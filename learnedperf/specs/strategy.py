@@ -17,6 +17,8 @@ PIPELINE_SCHEDULES: tuple[str, ...] = get_args(PipelineSchedule)
 #: The expert-dispatch keys and their defaults (Megatron-Core's alltoall dispatcher, blocking): a run that
 #: departs from them needs expert parallelism.
 EXPERT_DISPATCH_DEFAULTS = MappingProxyType({"moe_dispatcher": "alltoall", "overlap_moe_comm": False})
+#: :meth:`Strategy.omitted_defaults`, built once (read at every ``to_dict``, run ids included).
+_OMITTED_DEFAULTS = MappingProxyType({**EXPERT_DISPATCH_DEFAULTS, "moe_grouped_gemm": True})
 
 #: Largest parallel size or micro-batch accepted: no run has more devices (``hardware.MAX_DEVICES``), and
 #: a bound turns absurd input into an error naming the field instead of a prediction.
@@ -169,7 +171,7 @@ class Strategy(Spec):
     def omitted_defaults(self) -> dict:
         """The expert-dispatch keys at their defaults (:data:`EXPERT_DISPATCH_DEFAULTS`) and
         ``moe_grouped_gemm`` at true: runs written before these keys existed keep their JSON and run id."""
-        return {**EXPERT_DISPATCH_DEFAULTS, "moe_grouped_gemm": True}
+        return _OMITTED_DEFAULTS
 
     @property
     def effective_zero_stage(self) -> int:
