@@ -1,0 +1,152 @@
+"""fp32 GEMM efficiency by power class: one constant for every GPU against one per class of power supply.
+
+The shipped ``gemm_efficiency_fp32`` (0.59) is one constant fitted on NeuSight's fp32 linear/bmm kernels on
+five GPUs (``learnedperf.cost.calibrate``). Fitted one device at a time, the five disagree: the 250 W cards
+(A100, V100, P100 PCIe) reach 0.65-0.86 of their data-sheet peak, the two cards powered by the PCIe slot
+alone (T4 70 W, P4 75 W: the slot's 75 W limit, their data sheets' ``tdp_W``) 0.41-0.42, since they cannot
+hold the boost clock their peak is quoted at. One constant for all five sits between, too slow for the
+large cards and too fast for the small ones.
+
+This prints, without changing the shipped constants:
+
+1. the fit per device, per class (slot-powered: ``tdp_W`` <= 75) and over all five;
+2. leave one device out: each device's kernels costed with the constant fitted on the *other* devices,
+   of its class or of all (mean |log error| of the kernels over 100 µs, the calibration's loss);
+3. devices none of the fits saw: the fp32 GEMMs timed on the lent H100 and H200
+   (``datasets/measured/lent-h1*``, their operator records), costed with each constant on their data
+   sheets' peaks;
+4. whole steps: the simulator's MAPE and mean log(predicted / measured) on NeuSight's 34 runs per device
+   and on the lent GPUs' fp32 steps, with the constant of all five against each device's class constant
+   fitted without that device's kernels.
+
+    python experiments/gemm_fp32_power.py
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SLOT_POWER_W = 75.0  # PCI Express CEM specification: a x16 slot supplies at most 75 W without a cable
+
+
+def main(argv=None) -> int:
+    import numpy as np
+    import pandas as pd
+
+    from learnedperf.catalog import get_device
+    from learnedperf.cost import RooflineCost, default_params
+    from learnedperf.cost import calibrate as cal
+    from learnedperf.measure.public import default_shared_data, load_neusight_steps
+    from learnedperf.simulate import simulate
+    from learnedperf.specs import RunSpec
+
+    data = default_shared_data()
+    ops = pd.read_parquet(data / "neusight_ops.parquet")
+    devs = cal._devices()  # NeuSight's reported name -> catalog entry
+    slot = {name for name, d in devs.items() if (d.get("tdp_W") or math.inf) <= SLOT_POWER_W}
+    mem = cal.fit_memory_bound(ops)["eff"]
+
+    def fit(names):
+        return cal.fit_gemm_fp32(ops[ops.device.isin(list(names))], mem, 0.0)
+
+    def loss(names, eff, k_half):
+        d = ops[ops.op.isin(["linear", "bmm"]) & ops.device.isin(list(names)) & (ops.latency_ms > 0.1)]
+        B, M, K, N = (d[c].to_numpy(float) for c in ("B", "M", "N", "K"))
+        peak = d.device.map(lambda n: devs[n]["peak_tflops"]["fp32"] * 1e12).to_numpy(float)
+        sms = d.device.map(lambda n: devs[n]["num_sms"]).to_numpy(float)
+        bw = d.device.map(lambda n: devs[n]["memory_bandwidth_GBps"] * 1e9).to_numpy(float) * mem
+        tiles = B * np.ceil(M / 128) * np.ceil(N / 128)
+        wave = tiles / (np.ceil(tiles / sms) * sms)
+        t = np.maximum(2 * B * M * N * K / (peak * eff * wave * K / (K + k_half)),
+                       4 * B * (M * K + K * N + M * N) / bw)
+        return float(np.mean(np.abs(np.log(t) - np.log(d.latency_ms.to_numpy(float) * 1e-3)))), len(d)
+
+    print(f"slot-powered (tdp_W <= {SLOT_POWER_W:.0f} W): {sorted(slot)}")
+    print("\n1. fp32 GEMM efficiency fitted on NeuSight's linear+bmm kernels over 100 us (eff, k_half, loss)")
+    every = fit(devs)
+    for name in devs:
+        f = fit([name])
+        print(f"   {name:<24} {f['eff']:.2f} {f['k_half']:>5.0f}  {f['_mean_abs_log_error']:.3f}")
+    fits = {"all five": every, "slot-powered": fit(slot), "other": fit(set(devs) - slot)}
+    for label, f in fits.items():
+        print(f"   {label:<24} {f['eff']:.2f} {f['k_half']:>5.0f}  {f['_mean_abs_log_error']:.3f}")
+
+    print("\n2. leave one device out: mean |log error| of its kernels (kernels)")
+    print(f"   {'held out':<24} {'one constant':>13} {'its class':>10}")
+    held = {}
+    for name in devs:
+        others = set(devs) - {name}
+        same = (slot if name in slot else set(devs) - slot) - {name}
+        f_all, f_cls = fit(others), fit(same)
+        held[name] = (f_all, f_cls)
+        (l_all, n), (l_cls, _) = loss([name], f_all["eff"], f_all["k_half"]), loss([name], f_cls["eff"],
+                                                                                     f_cls["k_half"])
+        print(f"   {name:<24} {l_all:13.3f} {l_cls:10.3f}  ({n}; class fit on {sorted(same)})")
+
+    print("\n3. devices no fit saw: the lent GPUs' fp32 GEMMs (flops > 1e9), mean |log error| and the median "
+          "achieved share of the data-sheet peak")
+    for host in ("lent-h100", "lent-h200"):
+        d = pd.read_parquet(ROOT / "datasets" / "measured" / host / "ops_cuda.parquet")
+        d = d[(d["kind"] == "matmul") & (d["dtype"] == "fp32") & (d["flops"] > 1e9)]
+        dev = json.loads(d["device"].iloc[0])
+        peak, sms, bw = dev["peak_tflops"]["fp32"] * 1e12, dev["num_sms"], dev["memory_bandwidth_GBps"] * 1e9
+        shapes = np.array([json.loads(s) for s in d["shape"]], dtype=float)
+        B, M, N, K = shapes.T  # learnedperf's matmul records: [batch, m, n, k], k the reduction
+        tiles = B * np.ceil(M / 128) * np.ceil(N / 128)
+        wave = tiles / (np.ceil(tiles / sms) * sms)
+        y = np.log(d["time_ms"].to_numpy(float) * 1e-3)
+        share = np.median(d["flops"].to_numpy(float) / (d["time_ms"].to_numpy(float) * 1e-3) / peak)
+        out = []
+        for label in ("all five", "other"):
+            f = fits[label]
+            t = np.maximum(d["flops"].to_numpy(float) / (peak * f["eff"] * wave * K / (K + f["k_half"])),
+                           d["bytes"].to_numpy(float) / (bw * mem))
+            out.append(f"{label} {np.mean(np.abs(np.log(t) - y)):.3f}")
+        print(f"   {host}: {len(d)} GEMMs, median share {share:.2f}; " + ", ".join(out))
+
+    print("\n4. whole steps, simulated: MAPE % and mean log(predicted / measured)")
+    steps = [(json.loads(s["run"]), s["iteration_time_ms"]) for s in load_neusight_steps(data).records]
+    for host in ("lent-h100", "lent-h200"):
+        st = pd.read_parquet(ROOT / "datasets" / "measured" / host / "steps_cuda.parquet")
+        for r, t in zip(st["run"], st["iteration_time_ms"]):
+            run = json.loads(r)
+            if run["strategy"].get("precision") == "fp32":
+                steps.append((run, t))
+    by_name = {d["name"]: n for n, d in devs.items()}
+    rows = []
+    for run, measured in steps:
+        spec = RunSpec.from_dict(run)
+        name = spec.hardware.device.name
+        base = default_params()
+        if name in by_name:  # a NeuSight device: the constants fitted without its own kernels
+            f_all, f_cls = held[by_name[name]]
+        else:  # a device no fit saw: the fits on all five NeuSight GPUs
+            f_all = fits["all five"]
+            f_cls = fits["slot-powered"] if (get_device(name).get("tdp_W") or math.inf) <= SLOT_POWER_W \
+                else fits["other"]
+        logs = []
+        for f in (f_all, f_cls):
+            p = replace(base, gemm_efficiency_fp32=f["eff"], gemm_k_half=f["k_half"])
+            logs.append(math.log(simulate(spec, cost=RooflineCost(spec.hardware, p)).iteration_time_s * 1e3
+                                 / measured))
+        rows.append((name, *logs))
+    df = pd.DataFrame(rows, columns=["device", "one", "cls"])
+    print(f"   {'device':<20} {'n':>3}  {'one constant':>18}  {'its class':>18}")
+
+    def line(label, g):
+        m = [100 * np.mean(np.abs(np.exp(g[c]) - 1)) for c in ("one", "cls")]
+        print(f"   {label:<20} {len(g):>3}  {m[0]:9.1f}% {g['one'].mean():+7.2f}  {m[1]:9.1f}% {g['cls'].mean():+7.2f}")
+
+    for name, g in df.groupby("device", sort=True):
+        line(name, g)
+    line("all", df)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
