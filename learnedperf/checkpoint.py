@@ -15,7 +15,9 @@ A checkpoint is a directory::
 the file and the problem, a checkpoint that is missing a file, whose file's sha256
 differs from the manifest (tampered or truncated), that an older or newer format wrote,
 or whose feature schema, simulator or cost model differ from this code's (its
-predictions would silently mean something else: retrain with ``learnedperf train``).
+predictions would silently mean something else: retrain with ``learnedperf train``). The simulator
+is compared by what it answers (:func:`~learnedperf.simulate.fingerprint.simulator_fingerprint`),
+not only by its version number.
 """
 
 from __future__ import annotations
@@ -65,10 +67,14 @@ def _compat() -> dict:
     from .features.graph import GRAPH_FEATURE_SCHEMA_VERSION
     from .features.ops import OP_FEATURE_SCHEMA
     from .simulate import SIMULATOR_VERSION
+    from .simulate.fingerprint import simulator_fingerprint
 
+    # the fingerprint is what the simulator answers (simulate/fingerprint.py): the version number alone
+    # stayed the same through changes that moved the times a residual GNN corrects
     return {"op_feature_schema_version": OP_FEATURE_SCHEMA.version,
             "graph_feature_schema_version": GRAPH_FEATURE_SCHEMA_VERSION,
-            "simulator_version": SIMULATOR_VERSION, "cost_model_version": cost_model_version("roofline")}
+            "simulator_version": SIMULATOR_VERSION, "simulator_fingerprint": simulator_fingerprint(),
+            "cost_model_version": cost_model_version("roofline")}
 
 
 def _file_names(directory: Path) -> list[str]:

@@ -313,6 +313,7 @@ def _die_with_parent() -> None:
 def _config(n: int, seed: int, keep_oom: bool, shard_size: int, measured: bool, paths: list[str],
             vtrain: bool, neusight: bool) -> dict:
     from ..simulate import SIMULATOR_VERSION
+    from ..simulate.fingerprint import simulator_fingerprint
     from .graphs import GRAPH_SCHEMA_VERSION
     from .records import SCHEMA_VERSION, cost_model_version
 
@@ -320,8 +321,9 @@ def _config(n: int, seed: int, keep_oom: bool, shard_size: int, measured: bool, 
             "measured": measured, "measured_paths": paths if measured else [], "vtrain": bool(measured and vtrain),
             "neusight": bool(measured and neusight),
             "generator_version": GENERATOR_VERSION, "sampler_version": SAMPLER_VERSION,
-            "simulator_version": SIMULATOR_VERSION, "cost_model_version": cost_model_version(),
-            "record_schema_version": SCHEMA_VERSION, "graph_schema_version": GRAPH_SCHEMA_VERSION}
+            "simulator_version": SIMULATOR_VERSION, "simulator_fingerprint": simulator_fingerprint(),
+            "cost_model_version": cost_model_version(), "record_schema_version": SCHEMA_VERSION,
+            "graph_schema_version": GRAPH_SCHEMA_VERSION}
 
 
 def _prepare_out(out: Path, config: dict) -> None:
@@ -546,6 +548,7 @@ def _manifest(out: Path, config: dict, done: dict, shards: list) -> dict:
         "generator_version": GENERATOR_VERSION,
         "sampler_version": config["sampler_version"],
         "simulator_version": config["simulator_version"],
+        "simulator_fingerprint": config["simulator_fingerprint"],
         "cost_model_version": config["cost_model_version"],
         "created": now_utc(),
         "command": (f"learnedperf generate --n {config['n']} --out {out} --seed {config['seed']}"

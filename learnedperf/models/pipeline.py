@@ -154,6 +154,7 @@ def data_description(data_dir: str | Path) -> dict:
     return {"dataset_manifest_sha256": sha256_file(data_dir / MANIFEST), "counts": manifest.get("counts"),
             "config": {k: manifest.get("config", {}).get(k) for k in ("n", "seed", "keep_oom", "measured")},
             "simulator_version": manifest.get("simulator_version"),
+            "simulator_fingerprint": manifest.get("simulator_fingerprint"),
             "cost_model_version": manifest.get("cost_model_version")}
 
 

@@ -1,0 +1,71 @@
+"""A behavioural fingerprint of the simulator: what it answers, not what it is called.
+
+A checkpoint's learned correction multiplies the simulator's time (``gnn_residual``), and a data set's
+simulated labels are the simulator's times. Both mean something else once the simulator's behaviour
+changes, and a declared version number (``SIMULATOR_VERSION``) is only as good as the discipline of bumping
+it: it stayed at 0.1.0 through every change of the graph and of the host model. The fingerprint is the
+sha256 of the simulated iteration time, time breakdown and memory per device of a fixed set of reference runs (the techniques the
+simulator models: tensor, pipeline, sequence, context, expert and sharded data parallelism, interleaved
+and zero-bubble schedules, recomputation, autocast and fp8), so that any change to the graph builder, the
+simulator, the cost model or the catalog entries they use changes it.
+
+Values are rounded to 6 significant digits before hashing: a change below one part in a million is not a
+change of behaviour, and the rounding keeps the fingerprint the same across platforms whose last float bits
+differ.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+
+#: The reference runs (run format). Each exercises a part of the simulator the others do not.
+REFERENCE_RUNS: tuple[dict, ...] = (
+    {"id": "tp-pp-sp", "model": "gpt3-1.3b", "hardware": {"cluster": "dgx-a100", "num_devices": 8},
+     "strategy": {"tp": 2, "pp": 2, "micro_batch_size": 2, "global_batch_size": 16, "sequence_parallel": True,
+                  "recompute": "selective", "precision": "bf16"}},
+    {"id": "interleaved-full-recompute", "model": "gpt3-13b", "hardware": {"cluster": "dgx-a100", "num_devices": 32},
+     "strategy": {"tp": 4, "pp": 4, "virtual_pipeline_stages": 2, "pipeline_schedule": "interleaved",
+                  "micro_batch_size": 1, "global_batch_size": 64, "recompute": "full", "precision": "bf16"}},
+    {"id": "zb-h1", "model": "llama-2-7b", "hardware": {"cluster": "dgx-h100", "num_devices": 8},
+     "strategy": {"pp": 4, "pipeline_schedule": "zb-h1", "micro_batch_size": 1, "global_batch_size": 16,
+                  "precision": "bf16"}},
+    {"id": "fsdp-autocast", "model": "llama-3-8b", "hardware": {"cluster": "dgx-h100", "num_devices": 16},
+     "strategy": {"fsdp": True, "micro_batch_size": 1, "global_batch_size": 16, "precision": "bf16",
+                  "mixed_precision": "autocast"}},
+    {"id": "zero1-cp", "model": "llama-3-8b", "hardware": {"cluster": "dgx-h100", "num_devices": 16},
+     "strategy": {"cp": 2, "tp": 2, "zero_stage": 1, "micro_batch_size": 1, "global_batch_size": 16,
+                  "precision": "bf16"}},
+    {"id": "moe-ep", "model": "mixtral-8x7b", "hardware": {"cluster": "dgx-h100", "num_devices": 32},
+     "strategy": {"ep": 8, "pp": 4, "zero_stage": 1, "recompute": "full", "micro_batch_size": 1,
+                  "global_batch_size": 64, "precision": "bf16"}},
+    {"id": "fp8", "model": "llama-2-13b", "hardware": {"cluster": "dgx-h100", "num_devices": 8},
+     "strategy": {"tp": 8, "micro_batch_size": 2, "global_batch_size": 16, "precision": "fp8"}},
+    {"id": "fp32-single", "model": "bert-large", "hardware": {"device": "V100-PCIE-32GB", "num_devices": 1},
+     "strategy": {"micro_batch_size": 8, "global_batch_size": 8, "precision": "fp32"}},
+)
+
+
+def fingerprint_values() -> dict[str, list[str]]:
+    """``{run id: [iteration time (s), memory per device (bytes), breakdown (s) by sorted key…]}`` of every
+    reference run, each value rounded to 6 significant digits and written as text (what
+    :func:`simulator_fingerprint` hashes)."""
+    from .simulator import simulate
+
+    out = {}
+    for run in REFERENCE_RUNS:
+        res = simulate(run)
+        values = [res.iteration_time_s, res.memory.total] + [res.breakdown_s[k] for k in sorted(res.breakdown_s)]
+        out[run["id"]] = [f"{v:.6g}" for v in values]
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def simulator_fingerprint() -> str:
+    """16 hex digits of the sha256 of :func:`fingerprint_values` (computed once per process)."""
+    text = json.dumps(fingerprint_values(), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+__all__ = ["REFERENCE_RUNS", "fingerprint_values", "simulator_fingerprint"]
