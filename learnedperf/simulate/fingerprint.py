@@ -4,14 +4,16 @@ A checkpoint's learned correction multiplies the simulator's time (``gnn_residua
 simulated labels are the simulator's times. Both mean something else once the simulator's behaviour
 changes, and a declared version number (``SIMULATOR_VERSION``) is only as good as the discipline of bumping
 it: it stayed at 0.1.0 through every change of the graph and of the host model. The fingerprint is the
-sha256 of the simulated iteration time, time breakdown and memory per device of a fixed set of reference runs (the techniques the
-simulator models: tensor, pipeline, sequence, context, expert and sharded data parallelism, interleaved
-and zero-bubble schedules, recomputation, autocast and fp8), so that any change to the graph builder, the
-simulator, the cost model or the catalog entries they use changes it.
+sha256 of the simulated iteration time, time breakdown and memory per device of a fixed set of reference
+runs (tensor, pipeline, sequence, context, expert and sharded data parallelism, interleaved and zero-bubble
+schedules, recomputation, autocast, fp8 and fp32, on A100s, H100s and a V100). A change to the graph
+builder, the simulator, the cost model or the catalog that moves any of them changes it; one that moves none
+of them (a device, dispatcher or schedule they do not use) does not: the set covers the common paths, not
+every path.
 
 Values are rounded to 6 significant digits before hashing: a change below one part in a million is not a
-change of behaviour, and the rounding keeps the fingerprint the same across platforms whose last float bits
-differ.
+change of behaviour, and the rounding absorbs last-bit differences between platforms (except for a value
+that sits on a rounding edge).
 """
 
 from __future__ import annotations
