@@ -42,8 +42,9 @@ def main(argv=None) -> int:
     from learnedperf.cost import RooflineCost, default_params
     from learnedperf.cost import calibrate as cal
     from learnedperf.measure.public import default_shared_data, load_neusight_steps
+    from learnedperf.graph.ops import Op
     from learnedperf.simulate import simulate
-    from learnedperf.specs import RunSpec
+    from learnedperf.specs import HardwareSpec, RunSpec
 
     data = default_shared_data()
     ops = pd.read_parquet(data / "neusight_ops.parquet")
@@ -55,16 +56,8 @@ def main(argv=None) -> int:
         return cal.fit_gemm_fp32(ops[ops.device.isin(list(names))], mem, 0.0)
 
     def loss(names, eff, k_half):
-        d = ops[ops.op.isin(["linear", "bmm"]) & ops.device.isin(list(names)) & (ops.latency_ms > 0.1)]
-        B, M, K, N = (d[c].to_numpy(float) for c in ("B", "M", "N", "K"))
-        peak = d.device.map(lambda n: devs[n]["peak_tflops"]["fp32"] * 1e12).to_numpy(float)
-        sms = d.device.map(lambda n: devs[n]["num_sms"]).to_numpy(float)
-        bw = d.device.map(lambda n: devs[n]["memory_bandwidth_GBps"] * 1e9).to_numpy(float) * mem
-        tiles = B * np.ceil(M / 128) * np.ceil(N / 128)
-        wave = tiles / (np.ceil(tiles / sms) * sms)
-        t = np.maximum(2 * B * M * N * K / (peak * eff * wave * K / (K + k_half)),
-                       4 * B * (M * K + K * N + M * N) / bw)
-        return float(np.mean(np.abs(np.log(t) - np.log(d.latency_ms.to_numpy(float) * 1e-3)))), len(d)
+        log_error, n = cal.gemm_fp32_error(ops[ops.device.isin(list(names))], mem)
+        return log_error(eff, k_half), n
 
     print(f"slot-powered (tdp_W <= {SLOT_POWER_W:.0f} W): {sorted(slot)}")
     print("\n1. fp32 GEMM efficiency fitted on NeuSight's linear+bmm kernels over 100 us (eff, k_half, loss)")
@@ -93,19 +86,21 @@ def main(argv=None) -> int:
     for host in ("lent-h100", "lent-h200"):
         d = pd.read_parquet(ROOT / "datasets" / "measured" / host / "ops_cuda.parquet")
         d = d[(d["kind"] == "matmul") & (d["dtype"] == "fp32") & (d["flops"] > 1e9)]
-        dev = json.loads(d["device"].iloc[0])
-        peak, sms, bw = dev["peak_tflops"]["fp32"] * 1e12, dev["num_sms"], dev["memory_bandwidth_GBps"] * 1e9
-        shapes = np.array([json.loads(s) for s in d["shape"]], dtype=float)
-        B, M, N, K = shapes.T  # learnedperf's matmul records: [batch, m, n, k], k the reduction
-        tiles = B * np.ceil(M / 128) * np.ceil(N / 128)
-        wave = tiles / (np.ceil(tiles / sms) * sms)
+        # the data sheet's descriptor: a measured curve would replace the GEMM model being judged
+        dev = {k: v for k, v in json.loads(d["device"].iloc[0]).items() if k not in ("kernel_curves", "optimizer_step")}
+        hw = HardwareSpec.parse({"device": dev, "num_devices": 1, "devices_per_node": 1})
+        ops_ = [Op("gemm", "matmul", "fwd", float(f), float(b), "fp32", tuple(json.loads(s)))
+                for f, b, s in zip(d["flops"], d["bytes"], d["shape"])]
         y = np.log(d["time_ms"].to_numpy(float) * 1e-3)
-        share = np.median(d["flops"].to_numpy(float) / (d["time_ms"].to_numpy(float) * 1e-3) / peak)
+        share = np.median(d["flops"].to_numpy(float) / (d["time_ms"].to_numpy(float) * 1e-3)
+                          / (dev["peak_tflops"]["fp32"] * 1e12))
         out = []
         for label in ("all five", "other"):
             f = fits[label]
-            t = np.maximum(d["flops"].to_numpy(float) / (peak * f["eff"] * wave * K / (K + f["k_half"])),
-                           d["bytes"].to_numpy(float) / (bw * mem))
+            params = replace(default_params(), gemm_efficiency_fp32=f["eff"], gemm_k_half=f["k_half"],
+                             memory_efficiency=mem, kernel_launch_us=0.0, kernel_floor_us=0.0)
+            cost = RooflineCost(hw, params)
+            t = np.array([cost.compute_time_s(op) for op in ops_])
             out.append(f"{label} {np.mean(np.abs(np.log(t) - y)):.3f}")
         print(f"   {host}: {len(d)} GEMMs, median share {share:.2f}; " + ", ".join(out))
 

@@ -70,8 +70,14 @@ def fit_memory_bound(ops, names: frozenset[str] | set[str] | None = None) -> dic
     return _grid_fit(loss, {"eff": np.linspace(0.3, 1.0, 71), "launch_us": np.array([0.0])})
 
 
-def fit_gemm_fp32(ops, memory_eff: float, launch_us: float, tile: int = 128) -> dict[str, float]:
-    """Fit ``gemm_efficiency_fp32`` and ``gemm_k_half`` on NeuSight's fp32 linear/bmm ops."""
+def gemm_fp32_error(ops, memory_eff: float, tile: int = 128):
+    """The roofline GEMM model (wave quantisation over the SMs, a k½ ramp, the memory bound) on NeuSight's fp32
+    linear/bmm ops of ``ops`` that take over 0.1 ms.
+
+    Returns:
+        ``(log_error, kernels)``: ``log_error(eff, k_half, launch_us)`` is the mean |log(model / measured)| of
+        those kernels (the loss :func:`fit_gemm_fp32` minimises) and ``kernels`` their number.
+    """
     devs = _devices()
     d = ops[ops.op.isin(["linear", "bmm"]) & ops.device.isin(list(devs)) & (ops.latency_ms > 0.1)]
     # NeuSight's linear/bmm multiply [B,M,N] x [B,N,K] -> [B,M,K]: N is the reduction dimension
@@ -87,10 +93,21 @@ def fit_gemm_fp32(ops, memory_eff: float, launch_us: float, tile: int = 128) -> 
     wave_eff = tiles / (waves * sms)
     y = np.log(d.latency_ms.to_numpy(float) * 1e-3)
 
-    def loss(p):
-        eff = p["eff"] * wave_eff * K / (K + p["k_half"])
+    def log_error(eff: float, k_half: float, launch_us: float = 0.0) -> float:
+        eff = eff * wave_eff * K / (K + k_half)
         t = launch_us * 1e-6 + np.maximum(flops / (peak * eff), nbytes / bw)
         return float(np.mean(np.abs(np.log(t) - y)))
+
+    return log_error, len(d)
+
+
+def fit_gemm_fp32(ops, memory_eff: float, launch_us: float, tile: int = 128) -> dict[str, float]:
+    """Fit ``gemm_efficiency_fp32`` and ``gemm_k_half`` on NeuSight's fp32 linear/bmm ops
+    (:func:`gemm_fp32_error`'s loss)."""
+    log_error, _n = gemm_fp32_error(ops, memory_eff, tile)
+
+    def loss(p):
+        return log_error(p["eff"], p["k_half"], launch_us)
 
     return _grid_fit(loss, {"eff": np.linspace(0.4, 1.0, 61), "k_half": np.array([0, 8, 16, 32, 48, 64, 96, 128,
                                                                                   192, 256])})
