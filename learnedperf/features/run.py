@@ -239,7 +239,7 @@ def layer_cost(run: Any, ctx: RunContext) -> tuple[float, ...]:
     tied_here = m.tie_embeddings and s.pp * s.virtual_pipeline_stages == 1
     key = (s.tp, s.cp, s.ep, s.dp, s.micro_batch_size, s.precision, s.mixed_precision, s.flash_attention,
            s.sequence_parallel, s.recompute, tied_here, s.forward_only, s.moe_dispatcher, s.overlap_moe_comm,
-           s.moe_capacity_factor)
+           s.moe_capacity_factor, s.moe_grouped_gemm)
     hit = ctx.layer_costs.get(key)
     if hit is not None:
         return hit
