@@ -126,7 +126,9 @@ def main(argv=None) -> int:
                 else fits["other"]
         logs = []
         for f in (f_all, f_cls):
-            p = replace(base, gemm_efficiency_fp32=f["eff"], gemm_k_half=f["k_half"])
+            # the fitted efficiency itself, not derated again for a slot-powered card
+            p = replace(base, gemm_efficiency_fp32=f["eff"], gemm_k_half=f["k_half"],
+                        slot_power_compute_share=1.0)
             logs.append(math.log(simulate(spec, cost=RooflineCost(spec.hardware, p)).iteration_time_s * 1e3
                                  / measured))
         rows.append((name, *logs))

@@ -4,7 +4,9 @@
   five GPUs, fp32, kernels over 100 µs): ``t = bytes / (bandwidth · η_mem)``
   with each device's data-sheet bandwidth → ``memory_efficiency``.
 * fp32 GEMMs (NeuSight ``linear`` and ``bmm`` on the same GPUs): the roofline
-  GEMM model with wave quantisation → ``gemm_efficiency_fp32``, ``gemm_k_half``.
+  GEMM model with wave quantisation → ``gemm_efficiency_fp32``, ``gemm_k_half`` on the three 250 W cards
+  (A100, V100, P100 PCIe), then → ``slot_power_compute_share`` on the two powered by their slot alone
+  (T4, P4: ``cost.params.slot_powered``), with the other two constants held.
 * NVLink collectives (vTrain's NCCL all-reduce tables on 2-8 A100s):
   ``t = 2(n-1)·α + 2(n-1)/n·S / (η·B_NVLink)`` → ``alpha_intra_us``,
   ``link_efficiency_intra``.
@@ -101,16 +103,24 @@ def gemm_fp32_error(ops, memory_eff: float, tile: int = 128):
     return log_error, len(d)
 
 
-def fit_gemm_fp32(ops, memory_eff: float, launch_us: float, tile: int = 128) -> dict[str, float]:
-    """Fit ``gemm_efficiency_fp32`` and ``gemm_k_half`` on NeuSight's fp32 linear/bmm ops
-    (:func:`gemm_fp32_error`'s loss)."""
+def fit_gemm_fp32(ops, memory_eff: float, launch_us: float, tile: int = 128,
+                  share_of: dict[str, float] | None = None) -> dict[str, float]:
+    """Fit ``gemm_efficiency_fp32`` and ``gemm_k_half`` on NeuSight's fp32 linear/bmm ops (those of the
+    devices ``ops`` holds; :func:`gemm_fp32_error`'s loss).
+
+    ``share_of``: ``{"eff": e, "k_half": k}`` fixes those two and fits the share ``share`` of them a device
+    reaches instead (``slot_power_compute_share``: pass the slot-powered devices' ops)."""
     log_error, _n = gemm_fp32_error(ops, memory_eff, tile)
 
     def loss(p):
-        return log_error(p["eff"], p["k_half"], launch_us)
+        return log_error(p["eff"] * p["share"], p["k_half"], launch_us)
 
+    if share_of is not None:
+        return _grid_fit(loss, {"eff": np.array([share_of["eff"]]), "k_half": np.array([share_of["k_half"]]),
+                                "share": np.round(np.linspace(0.2, 1.0, 81), 3)})
     return _grid_fit(loss, {"eff": np.linspace(0.4, 1.0, 61), "k_half": np.array([0, 8, 16, 32, 48, 64, 96, 128,
-                                                                                  192, 256])})
+                                                                                  192, 256]),
+                            "share": np.array([1.0])})
 
 
 def fit_nvlink_allreduce(data_dir: Path) -> dict[str, float]:
@@ -271,8 +281,14 @@ def main(argv: list[str] | None = None) -> int:
     ops = pd.read_parquet(args.data / "neusight_ops.parquet")
     mem = fit_memory_bound(ops)
     print("memory-bound kernels:", mem)
-    gemm = fit_gemm_fp32(ops, mem["eff"], 0.0)
-    print("fp32 GEMMs:", gemm)
+    from .params import slot_powered
+
+    devs = _devices()
+    slot = [name for name, dev in devs.items() if slot_powered(dev)]
+    gemm = fit_gemm_fp32(ops[~ops.device.isin(slot)], mem["eff"], 0.0)
+    print("fp32 GEMMs, cards not powered by their slot alone:", gemm)
+    share = fit_gemm_fp32(ops[ops.device.isin(slot)], mem["eff"], 0.0, share_of=gemm)
+    print("fp32 GEMMs, slot-powered cards' share:", share)
     ar = fit_nvlink_allreduce(args.data)
     print("NVLink all-reduce:", ar)
     src_ops = "fit by learnedperf.cost.calibrate on shared/data/neusight_ops.parquet"
@@ -280,9 +296,13 @@ def main(argv: list[str] | None = None) -> int:
     updates = {
         "memory_efficiency": (mem["eff"], f"{src_ops} (element-wise/ln/softmax, 5 GPUs); "
                                           f"mean |log err| {mem['_mean_abs_log_error']:.3f}"),
-        "gemm_efficiency_fp32": (gemm["eff"], f"{src_ops} (linear+bmm fp32, 5 GPUs); "
+        "gemm_efficiency_fp32": (gemm["eff"], f"{src_ops} (linear+bmm fp32 of the GPUs not powered by their "
+                                              f"slot alone: {', '.join(sorted(set(devs) - set(slot)))}); "
                                               f"mean |log err| {gemm['_mean_abs_log_error']:.3f}"),
         "gemm_k_half": (gemm["k_half"], f"{src_ops} (same fit)"),
+        "slot_power_compute_share": (share["share"], f"{src_ops} (linear+bmm fp32 of the slot-powered GPUs, "
+                                                    f"{', '.join(sorted(slot))}, with the two constants above "
+                                                    f"held); mean |log err| {share['_mean_abs_log_error']:.3f}"),
         "alpha_intra_us": (ar["alpha_us"], f"{src_ar}; mean |log err| {ar['_mean_abs_log_error']:.3f}"),
         "link_efficiency_intra": (ar["eff"], f"{src_ar} (same fit; NVLink3 300 GB/s per direction)"),
     }

@@ -18,6 +18,19 @@ from pathlib import Path
 from typing import Optional
 
 
+#: The most a PCI Express x16 slot supplies without an auxiliary power cable (PCI Express Card
+#: Electromechanical Specification: 75 W for a x16 graphics card). A card whose data-sheet power is at most
+#: this is powered by the slot alone and is built to that budget, not to hold its boost clock under load.
+SLOT_POWER_W = 75.0
+
+
+def slot_powered(device) -> bool:
+    """Whether ``device`` (a DeviceSpec or a catalog dict) is a card powered by its slot alone: its data
+    sheet's ``tdp_W`` is known and at most :data:`SLOT_POWER_W`."""
+    tdp = device.get("tdp_W") if isinstance(device, dict) else getattr(device, "tdp_W", None)
+    return tdp is not None and tdp <= SLOT_POWER_W
+
+
 @dataclass(frozen=True)
 class CostParams:
     """Efficiency and overhead constants of :class:`~learnedperf.cost.roofline.RooflineCost`.
@@ -45,6 +58,10 @@ class CostParams:
             None: the GEMM efficiency of the op's dtype above, a share of a *data-sheet* peak.
         curve_memory_efficiency: on such a device, the share of its *measured* streaming bandwidth
             a memory-bound op reaches inside a step. None (shipped): ``memory_efficiency``.
+        slot_power_compute_share: on a card powered by its PCIe slot alone (data-sheet ``tdp_W`` at most
+            :data:`SLOT_POWER_W`, as the T4, P4 and L4), the share of its data-sheet compute peaks, quoted
+            at the boost clock, that it sustains under a GEMM's load: its GEMM efficiencies are the other
+            devices' times this. 1: no derating.
 
     Held out one CPU at a time, the shipped learned model is best with nothing fitted on CPU steps
     (README, *Constants of a measured device*): ``gnn_residual+ops`` on the Xeon / EPYC was at 10.6 /
@@ -70,6 +87,7 @@ class CostParams:
     alpha_inter_us: float = 10.0
     curve_efficiency: Optional[float] = None
     curve_memory_efficiency: Optional[float] = None
+    slot_power_compute_share: float = 1.0
 
     def to_dict(self) -> dict:
         """Plain dict of the constants."""

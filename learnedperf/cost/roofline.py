@@ -9,7 +9,7 @@ from ..specs import HardwareSpec
 from .base import CommCost, CostModel
 from .collective import collective_cost
 from .curves import curve_rate_flops
-from .params import CostParams, default_params
+from .params import CostParams, default_params, slot_powered
 
 _TC_PRECISIONS = ("tf32", "bf16", "fp16", "fp8")
 
@@ -61,6 +61,9 @@ class RooflineCost(CostModel):
         self._floor = self.p.kernel_floor_us * 1e-6
         self.host_dispatch_s = self.p.host_dispatch_us * 1e-6
         self._peak: dict[str, float] = {}
+        # a slot-powered card cannot hold the boost clock its data-sheet peaks are quoted at (CostParams);
+        # a measured kernel curve is an achieved rate and is not derated
+        self._power_share = self.p.slot_power_compute_share if slot_powered(d) else 1.0
         self._cache: dict[Op, float] = {}
         # the curve lookup of each op, once: LearnedOpCost asks has_curve before compute_time_s
         self._curves: dict[Op, float | None] = {}
@@ -110,18 +113,18 @@ class RooflineCost(CostModel):
             b, m, n, k = op.shape
             peak, eff = self._peak_flops(op.dtype, kind)
             tiles = b * math.ceil(m / self.p.tile_m) * math.ceil(n / self.p.tile_n)
-            eff *= self._wave_efficiency(tiles) * k / (k + self.p.gemm_k_half)
+            eff *= self._power_share * self._wave_efficiency(tiles) * k / (k + self.p.gemm_k_half)
             t = self._launch + max(op.flops / (peak * eff), op.bytes / self._bw)
         elif kind == "attention":
             b, heads, s_q, s_kv, _hd = op.shape
             peak, eff = self._peak_flops(op.dtype, kind)
             flops = attention_flops(op, self.p.tile_n)
             tiles = b * heads * math.ceil(s_q / self.p.tile_m)
-            eff *= self._wave_efficiency(tiles)
+            eff *= self._power_share * self._wave_efficiency(tiles)
             t = self._launch + max(flops / (peak * eff), op.bytes / self._bw)
         elif kind == "conv":
             peak, eff = self._peak_flops(op.dtype, "matmul")
-            t = self._launch + max(op.flops / (peak * eff), op.bytes / self._bw)
+            t = self._launch + max(op.flops / (peak * eff * self._power_share), op.bytes / self._bw)
         else:
             t = self._launch + op.bytes / self._bw
         if t < self._floor:

@@ -152,9 +152,12 @@ def neusight_devices(data_dir: Path | None = None) -> dict[str, dict]:
     are also catalog names); ``peak_tflops.fp32`` = ``SingleFLOPs`` / 1000 (GFLOP/s → TFLOP/s; for the
     AMD rows, which have none, ``SingleFLOPsMM``, the FP32 matrix peak, as the catalog does);
     ``memory_bandwidth_GBps`` = ``Mem_Bw``; ``memory_GiB`` = ``Dev_Mem`` (data sheets' "GB" of HBM/GDDR
-    are GiB); ``num_sms`` = ``Num_Sm``; ``clock_MHz`` = ``Freq``; ``l2_cache_MiB`` = ``L2Cache``.
+    are GiB); ``num_sms`` = ``Num_Sm``; ``clock_MHz`` = ``Freq``; ``l2_cache_MiB`` = ``L2Cache``;
+    ``tdp_W``, which the table lacks, from the catalog's entry of that name (its data sheet), where there
+    is one: the cost model derates a card powered by its slot alone (``cost.params.slot_powered``).
     No link values: NeuSight's runs use one device.
     """
+    from ..catalog import device_by_reported_name, get_device, source
     from ..specs import DeviceSpec
 
     path = (data_dir or default_shared_data()) / "neusight_devices.csv"
@@ -176,6 +179,12 @@ def neusight_devices(data_dir: Path | None = None) -> dict[str, dict]:
             "sources": {"all": f"NeuSight neusight_devices.csv ({flops_field}, Mem_Bw, Dev_Mem, Num_Sm, Freq, "
                                "L2Cache)"},
         }
+        key = device_by_reported_name(name)
+        tdp = get_device(key).get("tdp_W") if key else None
+        if tdp is not None:
+            cited = (source("devices", key).get("sources") or {}).get("tdp_W", "")
+            desc["tdp_W"] = tdp
+            desc["sources"]["tdp_W"] = f"the catalog's {key}: {cited}".rstrip(": ")
         try:
             out[name] = DeviceSpec.parse(desc, "device").to_dict()
         except SpecError as exc:
