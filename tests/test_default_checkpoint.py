@@ -99,7 +99,7 @@ def test_an_h200_is_not_slower_than_an_h100(predictor, tier, precision):
 
 
 def test_the_measured_gpus_carry_their_own_offsets():
-    """The shipped operator regressor learns each NeuSight GPU's deviation from what its data sheet predicts
+    """The operator regressor learns each NeuSight GPU's deviation from what its data sheet predicts
     (``device_offsets_``). The measurements themselves order them: on NeuSight's large fp32 GEMMs the V100
     reaches 0.78 of its data-sheet peak, more than any other of the five (the P100 0.64, the T4 0.37), so the
     trees, which see a device only through its data sheet, put the V100 slow and the P100 and T4 fast; their
