@@ -41,8 +41,8 @@ def main(argv=None) -> int:
     from learnedperf.catalog import get_device
     from learnedperf.cost import RooflineCost, default_params
     from learnedperf.cost import calibrate as cal
-    from learnedperf.measure.public import default_shared_data, load_neusight_steps
     from learnedperf.graph.ops import Op
+    from learnedperf.measure.public import default_shared_data, load_neusight_steps
     from learnedperf.simulate import simulate
     from learnedperf.specs import HardwareSpec, RunSpec
 

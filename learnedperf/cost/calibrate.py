@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     """Fit every operator-level constant and store them in ``cost/data/params.json``."""
     import pandas as pd
 
-    from .params import write_params
+    from .params import slot_powered, write_params
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     # shared/data sits next to the repository checkout
@@ -281,8 +281,6 @@ def main(argv: list[str] | None = None) -> int:
     ops = pd.read_parquet(args.data / "neusight_ops.parquet")
     mem = fit_memory_bound(ops)
     print("memory-bound kernels:", mem)
-    from .params import slot_powered
-
     devs = _devices()
     slot = [name for name, dev in devs.items() if slot_powered(dev)]
     gemm = fit_gemm_fp32(ops[~ops.device.isin(slot)], mem["eff"], 0.0)

@@ -33,8 +33,8 @@ from ..cost import host_bound_s
 from ..graph.execution import (chunk_layout, fsdp_copy_ops, group_placement, is_weight_gradient, recompute_ops,
                                sharded_params, sharding_groups, stage_loads, state_bytes_per_param)
 from ..graph.ops import comm
-from ..graph.transformer import (backward_of, embedding_backward, embedding_forward, head_forward, layer_forward,
-                                 operator_graph, optimizer_ops, shard_for)
+from ..graph.transformer import (SHARD_STRATEGY_KEYS, backward_of, embedding_backward, embedding_forward, head_forward,
+                                 layer_forward, operator_graph, optimizer_ops, shard_for)
 from ..simulate.simulator import kernels_beside_alltoalls_s
 from .ops import FeatureSchema
 
@@ -237,9 +237,8 @@ def layer_cost(run: Any, ctx: RunContext) -> tuple[float, ...]:
     s, m = run.strategy, ctx.model
     dpn = run.hardware.node_size
     tied_here = m.tie_embeddings and s.pp * s.virtual_pipeline_stages == 1
-    key = (s.tp, s.cp, s.ep, s.dp, s.micro_batch_size, s.precision, s.mixed_precision, s.flash_attention,
-           s.sequence_parallel, s.recompute, tied_here, s.forward_only, s.moe_dispatcher, s.overlap_moe_comm,
-           s.moe_capacity_factor, s.moe_grouped_gemm)
+    # what the shard is built from, and the strategy fields the costing below reads besides
+    key = (*(getattr(s, k) for k in SHARD_STRATEGY_KEYS), s.recompute, s.forward_only, s.overlap_moe_comm, tied_here)
     hit = ctx.layer_costs.get(key)
     if hit is not None:
         return hit

@@ -65,8 +65,14 @@ class Shard:
         return self.b * self.s
 
 
+#: The strategy attributes :func:`shard_for` reads (besides the groups it is given): a cache of costs per shard
+#: keys on them (``features.run.layer_cost``), so a field a shard gains is added here, once
+SHARD_STRATEGY_KEYS = ("micro_batch_size", "cp", "tp", "sequence_parallel", "precision", "flash_attention", "ep",
+                       "autocast", "moe_dispatcher", "expert_load", "moe_grouped_gemm")
+
+
 def shard_for(run: RunSpec, tp_group: Group, cp_group: Group, ep_group: Group) -> Shard:
-    """The :class:`Shard` of one micro-batch of ``run``."""
+    """The :class:`Shard` of one micro-batch of ``run`` (it reads :data:`SHARD_STRATEGY_KEYS` of the strategy)."""
     s, m = run.strategy, run.model
     return Shard(b=s.micro_batch_size, s=m.seq_length // s.cp, s_kv=m.seq_length, tp=s.tp,
                  sp=s.sequence_parallel and s.tp > 1, dtype=s.precision, flash=s.flash_attention,
