@@ -25,8 +25,12 @@ Running one again changes nothing.
   records written before ``strategy.moe_grouped_gemm`` existed read as the default, one grouped kernel per
   expert operation. Adds ``"moe_grouped_gemm": false`` to every dropless MoE step (no
   ``moe_capacity_factor``); padded steps run batched GEMMs and keep the default.
+* ``eager`` — ``learnedperf measure`` runs its models in eager PyTorch (``measure.models``: RoPE as
+  ``x·cos + rotate_half(x)·sin``, SwiGLU as ``silu(gate) * up``, one kernel per tensor operation); records
+  written before ``strategy.fused_elementwise`` existed read as the default, fused kernels. Adds
+  ``"fused_elementwise": false`` to every step that does not state it.
 
-Usage: ``python experiments/amend_records.py {autocast,busbw,fsdp,moe_loop} DATASET_DIR ...``
+Usage: ``python experiments/amend_records.py {autocast,busbw,fsdp,moe_loop,eager} DATASET_DIR ...``
 """
 
 from __future__ import annotations
@@ -135,7 +139,23 @@ def amend_moe_loop(directory: Path, command: str) -> int:
                        "unchanged")
 
 
-AMENDMENTS = {"autocast": amend_autocast, "busbw": amend_busbw, "fsdp": amend_fsdp, "moe_loop": amend_moe_loop}
+def mark_eager(run: dict) -> None:
+    """Add ``fused_elementwise: false`` to a step that does not say how its element-wise chains ran."""
+    s = run.setdefault("strategy", {})
+    if "fused_elementwise" not in s:
+        s["fused_elementwise"] = False
+
+
+def amend_eager(directory: Path, command: str) -> int:
+    """The ``eager`` amendment of ``directory`` (see the module docstring)."""
+    return amend_steps(directory, mark_eager, command,
+                       "steps ran in eager PyTorch (learnedperf.measure.models: RoPE and SwiGLU one kernel per "
+                       "tensor operation): added strategy.fused_elementwise = false to their run and recomputed "
+                       "run_id; measured values unchanged")
+
+
+AMENDMENTS = {"autocast": amend_autocast, "busbw": amend_busbw, "fsdp": amend_fsdp, "moe_loop": amend_moe_loop,
+              "eager": amend_eager}
 
 
 def main(argv: list[str]) -> int:

@@ -62,6 +62,7 @@ _STRATEGY_FLAGS = {
     "mixed_precision": "mixed_precision", "flash_attention": "flash_attention", "optimizer": "optimizer",
     "forward_only": "forward_only", "moe_dispatcher": "moe_dispatcher", "overlap_moe_comm": "overlap_moe_comm",
     "moe_capacity_factor": "moe_capacity_factor", "moe_grouped_gemm": "moe_grouped_gemm",
+    "fused_elementwise": "fused_elementwise",
 }
 # the run format's specs.strategy.PIPELINE_SCHEDULES, spelled out: the specs import pydantic, which this module
 # leaves to the commands that build runs (tests/test_zb_v.py checks that the two agree)
@@ -169,6 +170,9 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="expert capacity factor: each expert processes F times its balanced share of tokens, "
                         "padded (Megatron-Core's moe_expert_capacity_factor with padding; for a dropless router, "
                         "its max/mean expert load)")
+    m.add_argument("--eager", dest="fused_elementwise", action="store_const", const=False,
+                   help="eager PyTorch: RoPE and SwiGLU one kernel per tensor operation (Hugging Face "
+                        "Transformers, learnedperf measure); default: one fused kernel each (Megatron-Core)")
     m.add_argument("--no-moe-grouped-gemm", dest="moe_grouped_gemm", action="store_const", const=False,
                    help="experts run one at a time, each expert operation launched once per local expert "
                         "(Megatron-Core's SequentialMLP, Hugging Face's expert loops); default: grouped GEMMs")
@@ -351,9 +355,14 @@ def _add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress output")
 
 
+#: run flags not spelled after their ``dest`` (switches that turn a default off)
+_FLAG_SPELLING = {"flash_attention": "--no-flash-attention", "moe_grouped_gemm": "--no-moe-grouped-gemm",
+                  "fused_elementwise": "--eager"}
+
+
 def _flag(dest: str) -> str:
     """The command-line spelling of a run flag's ``dest``."""
-    return "--no-flash-attention" if dest == "flash_attention" else "--" + dest.replace("_", "-")
+    return _FLAG_SPELLING.get(dest) or "--" + dest.replace("_", "-")
 
 
 def _load_run_file(path: str, prog: str) -> dict:
@@ -518,6 +527,8 @@ def _table(pred: dict, run: Any) -> str:
         knobs.append(f"expert capacity x{s.moe_capacity_factor:g}")
     if not s.moe_grouped_gemm:
         knobs.append("experts one at a time")
+    if not s.fused_elementwise:
+        knobs.append("eager element-wise kernels")
     knobs += [f"micro-batch {s.micro_batch_size}", f"global batch {s.global_batch_size}"]
     if s.pp > 1:
         knobs.append(s.pipeline_schedule + (f" x{s.virtual_pipeline_stages}" if s.virtual_pipeline_stages > 1 else ""))

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from conftest import MOE, make_run
+import pytest
+
+from conftest import LLAMA_GQA, MOE, make_run
 from learnedperf.features.run import RunContext, layer_cost
 from learnedperf.graph.ops import Group
 from learnedperf.graph.transformer import SHARD_STRATEGY_KEYS, shard_for
@@ -25,14 +27,16 @@ def test_the_cache_key_names_every_strategy_attribute_a_shard_is_built_from():
     assert shard == shard_for(run, Group(1, 1), Group(1, 1), Group(1, 1))
 
 
-def test_layer_costs_are_cached_per_kernel_layout():
+@pytest.mark.parametrize("model,key", [(MOE, "moe_grouped_gemm"), (LLAMA_GQA, "fused_elementwise")])
+def test_layer_costs_are_cached_per_kernel_layout(model, key):
     # runs of one (model, hardware) that differ only in how their kernels are launched (experts one at a time
-    # cost the host a launch each, with the shipped host_dispatch_us) must not share an entry: each run's costs
-    # through a context shared with the other are those of a context of its own
-    grouped = make_run(MOE, precision="bf16")
-    loop = make_run(MOE, precision="bf16", moe_grouped_gemm=False)
-    shared = RunContext(grouped.model, grouped.hardware)
-    first, second = layer_cost(grouped, shared), layer_cost(loop, shared)
-    assert second == layer_cost(loop, RunContext(loop.model, loop.hardware))
-    assert first == layer_cost(grouped, RunContext(grouped.model, grouped.hardware))
+    # cost the host a launch each, with the shipped host_dispatch_us; eager chains move more bytes and issue more
+    # kernels) must not share an entry: each run's costs through a context shared with the other are those of a
+    # context of its own
+    plain = make_run(model, precision="bf16")
+    other = make_run(model, precision="bf16", **{key: False})
+    shared = RunContext(plain.model, plain.hardware)
+    first, second = layer_cost(plain, shared), layer_cost(other, shared)
+    assert second == layer_cost(other, RunContext(other.model, other.hardware))
+    assert first == layer_cost(plain, RunContext(plain.model, plain.hardware))
     assert first != second

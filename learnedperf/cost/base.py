@@ -28,16 +28,18 @@ class CommCost:
     algorithm: str = "ring"
 
 
-def host_bound_s(kernels_s: float, kernels: int, host_dispatch_s: float) -> float:
+def host_bound_s(kernels_s: float, kernels: int, host_dispatch_s: float, chained: int = 0,
+                 chained_dispatch_s: float = 0.0) -> float:
     """Seconds of ``kernels`` kernels issued back to back that take ``kernels_s`` on the device, when the
-    host takes ``host_dispatch_s`` to issue each: ``max(kernels_s, kernels · host_dispatch_s)``.
+    host takes ``host_dispatch_s`` to issue each: ``max(kernels_s, kernels · host_dispatch_s)``; ``chained``
+    more kernels, bare tensor operations of eager chains (``Op.chained``), take ``chained_dispatch_s`` each.
 
     Launches are asynchronous: the host runs ahead of the device and queues kernels, so over a block
     the device waits only where the host issues more slowly than it computes (the rate of a two-stage
     pipeline is its slower stage's). A per-kernel floor, ``Σ max(t, floor)``, charges every short kernel
     even where long ones gave the host a lead.
     """
-    return max(kernels_s, kernels * host_dispatch_s)
+    return max(kernels_s, kernels * host_dispatch_s + chained * chained_dispatch_s)
 
 
 class CostModel(ABC):
@@ -47,6 +49,8 @@ class CostModel(ABC):
     name: str = "cost"
     #: seconds the host takes to issue one kernel (:func:`host_bound_s`); 0: the host never binds
     host_dispatch_s: float = 0.0
+    #: seconds the host takes to issue one bare tensor operation of an eager chain (``Op.chained``)
+    chained_dispatch_s: float = 0.0
 
     @abstractmethod
     def compute_time_s(self, op: Op) -> float:

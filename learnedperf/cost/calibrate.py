@@ -11,6 +11,13 @@
   ``t = 2(n-1)·α + 2(n-1)/n·S / (η·B_NVLink)`` → ``alpha_intra_us``,
   ``link_efficiency_intra``.
 
+* Fused attention (the project's own GPU operator records, ``datasets/measured/*/ops_cuda.parquet``:
+  torch SDPA kernels in bf16/fp16 over a GFLOP): the roofline attention model, a head of ``d`` reaching
+  ``d / (d + gemm_k_half)`` of the forward efficiency and the backward a share of it →
+  ``attention_efficiency``, ``attention_bwd_share``.
+* The host's rate for a bare tensor operation (same records: tiny forward element-wise kernels timed back
+  to back) → ``eager_dispatch_us``, measured, not fitted.
+
 The per-kernel overhead inside a training step (``kernel_launch_us``) is fit on
 whole steps by ``experiments/calibrate_steps.py``.
 
@@ -147,6 +154,134 @@ def fit_nvlink_allreduce(data_dir: Path) -> dict[str, float]:
 
 _DIRECTION_PHASE = {"fwd": "fwd", "bwd": "bwd", "fwd+bwd": "bwd", "opt": "opt"}
 
+
+def _record_ops(rows) -> tuple[list, np.ndarray]:
+    """Operator records (a DataFrame of ``OP_COLUMNS`` rows) as graph ops, and log(measured seconds)."""
+    import json
+
+    from ..graph.ops import Op
+
+    ops = []
+    for r in rows.itertuples(index=False):
+        params = json.loads(r.params) if isinstance(r.params, str) else (r.params or {})
+        shape = json.loads(r.shape) if isinstance(r.shape, str) else r.shape
+        ops.append(Op(r.op, r.kind, _DIRECTION_PHASE.get(r.direction, "fwd"), float(r.flops), float(r.bytes),
+                      r.dtype, tuple(int(x) for x in shape), causal=bool(params.get("causal", False))))
+    return ops, np.log(rows["time_ms"].to_numpy(float) * 1e-3)
+
+
+#: Fused-attention kernels the attention fit reads: tensor-core dtypes, over a GFLOP (smaller ones are the
+#: host's launch more than the kernel's work)
+ATTENTION_FIT_DTYPES = ("bf16", "fp16")
+ATTENTION_FIT_MIN_FLOPS = 1e9
+
+
+def _attention_kernels(records, base=None):
+    """The measured fused-attention kernels :func:`attention_error` reads: ``(model_s, log_measured_s, bwd)``,
+    ``model_s(eff, bwd_share)`` the roofline's seconds of each with those constants, no floor."""
+    import json
+    from dataclasses import replace
+
+    from ..specs import HardwareSpec
+    from .params import default_params
+    from .roofline import RooflineCost
+
+    d = records[(records["kind"] == "attention") & records["dtype"].isin(ATTENTION_FIT_DTYPES)
+                & (records["flops"] >= ATTENTION_FIT_MIN_FLOPS)]
+    groups, ys = [], []
+    for device, rows in d.groupby("device", sort=True):
+        desc = {k: v for k, v in json.loads(device).items() if k not in ("kernel_curves", "optimizer_step")}
+        hw = HardwareSpec.parse({"device": desc, "num_devices": 1, "devices_per_node": 1})
+        ops, y = _record_ops(rows)
+        groups.append((hw, ops))
+        ys.append(y)
+    base = replace(base or default_params(), kernel_launch_us=0.0, kernel_floor_us=0.0)
+
+    def model_s(eff: float, bwd_share: float) -> np.ndarray:
+        p = replace(base, attention_efficiency=eff, attention_bwd_share=bwd_share)
+        out = []
+        for hw, ops in groups:
+            cost = RooflineCost(hw, p)
+            out.append(np.fromiter((cost.compute_time_s(op) for op in ops), float, len(ops)))
+        return np.concatenate(out) if out else np.zeros(0)
+
+    bwd = np.array([op.phase == "bwd" for _hw, ops in groups for op in ops], bool)
+    return model_s, (np.concatenate(ys) if ys else np.zeros(0)), bwd
+
+
+def attention_error(records, base=None):
+    """The roofline's fused-attention model on measured attention kernels of one or more devices.
+
+    Args:
+        records: operator records (a DataFrame in ``OP_COLUMNS`` layout); those of kind ``attention`` in
+            :data:`ATTENTION_FIT_DTYPES` over :data:`ATTENTION_FIT_MIN_FLOPS` are used, each costed on
+            the data-sheet descriptor it was recorded with (its ``device`` column, measured curves dropped:
+            they would replace the model being judged).
+        base: constants the model starts from (default :func:`~learnedperf.cost.params.default_params`).
+
+    Returns:
+        ``(log_error, kernels)``. ``log_error(eff, bwd_share, floor_fwd_us, floor_bwd_us)`` is the per-kernel
+        log(model / measured) with ``attention_efficiency`` and ``attention_bwd_share`` set, plus a
+        measurement floor per direction: a kernel timed alone pays its call's start-up (tens of µs forward, a
+        backward's autograd engine ~100 µs) that a training step does not, so the floors are fitted and not
+        kept. ``kernels`` is their number.
+    """
+    model_s, y, bwd = _attention_kernels(records, base)
+
+    def log_error(eff: float, bwd_share: float, floor_fwd_us: float = 0.0, floor_bwd_us: float = 0.0) -> np.ndarray:
+        return np.log(model_s(eff, bwd_share) + np.where(bwd, floor_bwd_us, floor_fwd_us) * 1e-6) - y
+
+    return log_error, len(y)
+
+
+def fit_attention(records, base=None) -> dict[str, float]:
+    """Fit ``attention_efficiency`` and ``attention_bwd_share`` (and the two measurement floors, reported and
+    not kept) on measured fused-attention kernels, minimising :func:`attention_error`'s mean |log error|.
+
+    A forward kernel's time depends on the efficiency alone and a backward's on the product efficiency ×
+    share, each with its own floor, so the two halves of the loss are minimised apart, each over a grid of its
+    efficiency and floor; the share is the ratio of the two efficiencies (rounded to 3 digits).
+    """
+    from ..errors import InputError
+
+    model_s, y, bwd = _attention_kernels(records, base)
+    if not len(y):
+        raise InputError("fit_attention: no fused-attention records in "
+                         f"{'/'.join(ATTENTION_FIT_DTYPES)} over {ATTENTION_FIT_MIN_FLOPS:g} FLOPs")
+    floors = {False: np.array([0.0, 5, 10, 20, 30, 50]), True: np.array([0.0, 20, 50, 80, 100, 120, 150, 200])}
+    best = {False: (math.inf, 0.0, 0.0), True: (math.inf, 0.0, 0.0)}
+    for eff in np.round(np.linspace(0.1, 1.5, 141), 3):
+        t = model_s(float(eff), 1.0)  # at a share of 1 a backward runs at ``eff``: the grid of its product
+        for phase, grid in floors.items():
+            mask = bwd == phase
+            for floor in grid:
+                val = float(np.sum(np.abs(np.log(t[mask] + floor * 1e-6) - y[mask])))
+                if val < best[phase][0] - 1e-12:
+                    best[phase] = (val, float(eff), float(floor))
+    eff = best[False][1]
+    p = {"eff": eff, "bwd_share": round(best[True][1] / eff, 3), "floor_fwd_us": best[False][2],
+         "floor_bwd_us": best[True][2]}
+    log_error, n = attention_error(records, base)
+    return p | {"_mean_abs_log_error": float(np.mean(np.abs(log_error(**p)))), "_kernels": n}
+
+
+#: Forward element-wise records the eager dispatch rate is read from: small enough (bytes read and written)
+#: that the device finishes each before the host has issued the next
+EAGER_DISPATCH_MAX_BYTES = 256 * 1024
+
+
+def eager_dispatch_us(records) -> tuple[float, int]:
+    """The host's time to issue one bare tensor operation: the median per-call time of forward element-wise
+    records of at most :data:`EAGER_DISPATCH_MAX_BYTES` timed back to back on a GPU (timer
+    ``cuda_event_xN``, N > 1: the calls are queued as a step queues them, so a kernel shorter than its
+    launch is timed at the host's rate). Returns ``(µs, records)``; NaN and 0 without such records."""
+    d = records[(records["kind"] == "elementwise") & (records["direction"] == "fwd")
+                & (records["bytes"] <= EAGER_DISPATCH_MAX_BYTES)
+                & records["timer"].astype(str).str.match(r"cuda_event_x\d+$")]
+    if d.empty:
+        return float("nan"), 0
+    return float(np.median(d["time_ms"].to_numpy(float)) * 1e3), len(d)
+
 # the constants fit_device_params searches, with their grids (wide: a CPU's caches can beat DRAM bandwidth,
 # so efficiencies above 1 relative to the measured streaming bandwidth are allowed)
 _DEVICE_GRIDS = {
@@ -269,13 +404,17 @@ def fit_device_params(records, base=None, passes: int = 3):
 
 def main(argv: list[str] | None = None) -> int:
     """Fit every operator-level constant and store them in ``cost/data/params.json``."""
+    from dataclasses import replace
+
     import pandas as pd
 
-    from .params import slot_powered, write_params
+    from .params import default_params, slot_powered, write_params
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     # shared/data sits next to the repository checkout
     ap.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[3] / "shared" / "data")
+    ap.add_argument("--measured", type=Path, default=Path(__file__).resolve().parents[2] / "datasets" / "measured",
+                    help="the project's measured data sets (GPU operator records: */ops_cuda.parquet)")
     ap.add_argument("--dry-run", action="store_true", help="print the fits without storing them")
     args = ap.parse_args(argv)
     ops = pd.read_parquet(args.data / "neusight_ops.parquet")
@@ -289,6 +428,28 @@ def main(argv: list[str] | None = None) -> int:
     print("fp32 GEMMs, slot-powered cards' share:", share)
     ar = fit_nvlink_allreduce(args.data)
     print("NVLink all-reduce:", ar)
+    # the project's own GPU operator records (datasets/measured/*/ops_cuda.parquet): fused attention and the
+    # host's rate for bare tensor operations
+    gpu_dirs = sorted(p.parent for p in args.measured.glob("*/ops_cuda.parquet"))
+    gpu = {d.name: pd.read_parquet(d / "ops_cuda.parquet") for d in gpu_dirs}
+    if not gpu:
+        raise SystemExit(f"calibrate: no GPU operator records (*/ops_cuda.parquet) under {args.measured}")
+    every = pd.concat(list(gpu.values()), ignore_index=True)
+    # the attention model reads the memory bound and the GEMMs' k½ ramp fitted above
+    fitted = replace(default_params(), memory_efficiency=mem["eff"], gemm_efficiency_fp32=gemm["eff"],
+                     gemm_k_half=gemm["k_half"], slot_power_compute_share=share["share"])
+    for name, rows in gpu.items():
+        one = fit_attention(rows, base=fitted)
+        others = pd.concat([r for n, r in gpu.items() if n != name], ignore_index=True) if len(gpu) > 1 else None
+        if others is not None:
+            err, _n = attention_error(others, base=fitted)
+            held = float(np.mean(np.abs(err(one["eff"], one["bwd_share"], one["floor_fwd_us"], one["floor_bwd_us"]))))
+            print(f"fused attention fitted on {name} alone: {one}; mean |log err| on the others' {_n}: {held:.3f}")
+        print(f"eager dispatch on {name}: {eager_dispatch_us(rows)} (µs, records)")
+    att = fit_attention(every, base=fitted)
+    print("fused attention, every GPU:", att)
+    eager, n_eager = eager_dispatch_us(every)
+    print(f"eager dispatch, every GPU: {eager:.1f} µs ({n_eager} records)")
     src_ops = "fit by learnedperf.cost.calibrate on shared/data/neusight_ops.parquet"
     src_ar = "fit by learnedperf.cost.calibrate on shared/data/vtrain/trace/a100/AR_GPU*_LUT (NCCL all-reduce)"
     updates = {
@@ -303,6 +464,15 @@ def main(argv: list[str] | None = None) -> int:
                                                     f"held); mean |log err| {share['_mean_abs_log_error']:.3f}"),
         "alpha_intra_us": (ar["alpha_us"], f"{src_ar}; mean |log err| {ar['_mean_abs_log_error']:.3f}"),
         "link_efficiency_intra": (ar["eff"], f"{src_ar} (same fit; NVLink3 300 GB/s per direction)"),
+        "attention_efficiency": (att["eff"], f"fit by learnedperf.cost.calibrate on the fused-attention kernels "
+                                             f"(bf16/fp16, over 1 GFLOP) of {', '.join(gpu)} (torch SDPA), "
+                                             f"{att['_kernels']} records, with attention_bwd_share and the "
+                                             f"head-dimension ramp d/(d + gemm_k_half); mean |log err| "
+                                             f"{att['_mean_abs_log_error']:.3f}"),
+        "attention_bwd_share": (att["bwd_share"], "fit by learnedperf.cost.calibrate (same fit)"),
+        "eager_dispatch_us": (round(eager, 1), f"measured: median per-call time of {n_eager} forward element-wise "
+                                               f"records of at most {EAGER_DISPATCH_MAX_BYTES} bytes timed back to "
+                                               f"back on {', '.join(gpu)} (learnedperf.cost.calibrate)"),
     }
     if not args.dry_run:
         write_params(updates)

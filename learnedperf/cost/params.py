@@ -41,11 +41,18 @@ class CostParams:
         gemm_k_half: inner dimension at which a GEMM reaches half its large-k efficiency.
         tile_m, tile_n: output tile of a GEMM thread block (CUTLASS/cuBLAS Ampere default 128×128)
             used for wave quantisation over the SMs.
-        attention_efficiency: fraction of tensor-core peak a fused (flash) attention kernel reaches.
+        attention_efficiency: fraction of tensor-core peak a fused (flash) attention kernel's forward
+            reaches at a large head dimension; a head of ``d`` reaches ``d / (d + gemm_k_half)`` of it (the
+            scores' GEMM has the head dimension as its inner dimension).
+        attention_bwd_share: the share of the forward's efficiency the backward reaches, its FLOPs counted
+            as twice the forward's (FlashAttention's backward recomputes the scores: five GEMMs to two).
         memory_efficiency: fraction of data-sheet DRAM bandwidth a memory-bound kernel reaches.
         kernel_launch_us: fixed time added to every kernel (launch gap and tail).
         kernel_floor_us: shortest time a kernel occupies the stream in a training step (the host's
             per-operator dispatch time, which small kernels cannot hide), kernel by kernel.
+        eager_dispatch_us: time the host takes to issue one bare tensor operation of an eager chain
+            (``Op.chained``: RoPE's and SwiGLU's kernels after their first under eager PyTorch), which
+            costs the host less than a framework-level operator. 0: chained kernels are free to issue.
         host_dispatch_us: time the host takes to issue one kernel: a block of kernels issued back to back
             (a layer's forward or backward) takes at least that many times it
             (:func:`~learnedperf.cost.base.host_bound_s`). 0: the host never binds.
@@ -77,10 +84,12 @@ class CostParams:
     tile_m: int = 128
     tile_n: int = 128
     attention_efficiency: float = 0.5
+    attention_bwd_share: float = 1.0
     memory_efficiency: float = 0.8
     kernel_launch_us: float = 5.0
     kernel_floor_us: float = 0.0
     host_dispatch_us: float = 0.0
+    eager_dispatch_us: float = 0.0
     link_efficiency_intra: float = 0.8
     link_efficiency_inter: float = 0.8
     alpha_intra_us: float = 5.0

@@ -60,6 +60,7 @@ class RooflineCost(CostModel):
         self._launch = self.p.kernel_launch_us * 1e-6
         self._floor = self.p.kernel_floor_us * 1e-6
         self.host_dispatch_s = self.p.host_dispatch_us * 1e-6
+        self.chained_dispatch_s = self.p.eager_dispatch_us * 1e-6
         self._peak: dict[str, float] = {}
         # a slot-powered card cannot hold the boost clock its data-sheet peaks are quoted at (CostParams);
         # a measured kernel curve is an achieved rate and is not derated
@@ -116,11 +117,14 @@ class RooflineCost(CostModel):
             eff *= self._power_share * self._wave_efficiency(tiles) * k / (k + self.p.gemm_k_half)
             t = self._launch + max(op.flops / (peak * eff), op.bytes / self._bw)
         elif kind == "attention":
-            b, heads, s_q, s_kv, _hd = op.shape
+            b, heads, s_q, s_kv, hd = op.shape
             peak, eff = self._peak_flops(op.dtype, kind)
             flops = attention_flops(op, self.p.tile_n)
             tiles = b * heads * math.ceil(s_q / self.p.tile_m)
-            eff *= self._power_share * self._wave_efficiency(tiles)
+            # the scores' GEMM has the head dimension as its inner one: the GEMMs' k½ ramp
+            eff *= self._power_share * self._wave_efficiency(tiles) * hd / (hd + self.p.gemm_k_half)
+            if op.phase == "bwd":
+                eff *= self.p.attention_bwd_share
             t = self._launch + max(flops / (peak * eff), op.bytes / self._bw)
         elif kind == "conv":
             peak, eff = self._peak_flops(op.dtype, "matmul")

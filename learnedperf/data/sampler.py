@@ -111,6 +111,9 @@ _ZB_V_SHARE = 0.5
 #: share of the other interleaved pipelines (without layer-by-layer gathers) drawn as interleaved zero bubble
 #: instead: a sampling choice so that the split backward over interleaved chunks appears in training
 _INTERLEAVED_ZB_SHARE = 0.3
+#: share of runs with RoPE or a gated activation drawn in eager PyTorch (``fused_elementwise`` false: Hugging
+#: Face and learnedperf measure's models): a sampling choice so that eager chains appear in training
+_EAGER_SHARE = 0.2
 _BYTES_PER_PARAM = 18.0  # bf16 weights 2 + fp32 grads 4 + fp32 master 4 + two Adam moments 8 (ZeRO paper §3.1)
 
 
@@ -387,6 +390,8 @@ def _draw_strategy(rng: random.Random, spec_model: Any, device: dict, num_device
             s["pipeline_schedule"] = "zb-v"
         elif rng.random() < _INTERLEAVED_ZB_SHARE:
             s["pipeline_schedule"] = "interleaved-zb"
+    if (m.position_embedding == "rope" or m.activation == "swiglu") and rng.random() < _EAGER_SHARE:
+        s["fused_elementwise"] = False
     return s
 
 
@@ -593,7 +598,7 @@ def draw(seed: int, index: int, keep_oom: bool = False, skip: int = 0) -> Sample
 #: measured one takes them from it half the time (``_NEAR_STYLE_SHARE``), so that runs near the measured ones
 #: keep their framework's habits (vTrain's fp16 without fused attention or overlapped reduction, say)
 NEAR_STYLE_KEYS = ("precision", "mixed_precision", "flash_attention", "overlap_grad_reduce", "grad_reduce_precision",
-                   "recompute", "optimizer", "forward_only")
+                   "recompute", "optimizer", "forward_only", "fused_elementwise")
 #: share of near runs that keep their anchor's style keys: a sampling choice (half keep them, half explore the
 #: sampler's), not a measured share
 _NEAR_STYLE_SHARE = 0.5

@@ -201,7 +201,7 @@ def _costs(ctx: RunContext, ops: list) -> tuple[float, float, float, float, floa
     """(compute s, memory-bound compute s, collective s, all-to-all s, weight-gradient s) of ``ops`` on
     ``ctx``'s cost model; the collectives include the all-to-alls, the compute the weight gradients."""
     comp = mem = comm = a2a = wgrad = 0.0
-    kernels = 0
+    kernels = chained = 0
     cost = ctx.cost
     for op in ops:
         if op.is_comm:
@@ -213,12 +213,13 @@ def _costs(ctx: RunContext, ops: list) -> tuple[float, float, float, float, floa
             t = cost.compute_time_s(op)
             comp += t
             kernels += op.dispatches
+            chained += op.chained_dispatches
             if op.kind not in ("matmul", "attention", "conv"):
                 mem += t
             elif is_weight_gradient(op):
                 wgrad += t
     # the block's kernels as the simulator times them: bound by the host where it issues them more slowly
-    bound = host_bound_s(comp, kernels, cost.host_dispatch_s)
+    bound = host_bound_s(comp, kernels, cost.host_dispatch_s, chained, cost.chained_dispatch_s)
     if comp > 0 and bound > comp:
         stretch = bound / comp
         comp, mem, wgrad = bound, mem * stretch, wgrad * stretch

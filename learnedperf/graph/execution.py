@@ -360,7 +360,7 @@ def recompute_ops(fwd: list[Op], policy: str) -> list[Op]:
     else:
         return []
     return [Op(op.name + ".recompute", op.kind, "recompute", op.flops, op.bytes, op.dtype, op.shape, op.group,
-               op.causal, op.kernels, op.host_free) for op in keep]
+               op.causal, op.kernels, op.host_free, op.chained) for op in keep]
 
 
 @dataclass(frozen=True, slots=True)

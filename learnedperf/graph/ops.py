@@ -55,6 +55,13 @@ class Op:
             the host's dispatch is charged for (:func:`~learnedperf.cost.host_bound_s`).
         host_free: launched inside another op's call, so the host is charged no dispatch for it (autocast's
             forward casts: torch.autocast converts a GEMM's inputs within the GEMM's own call).
+        chained: how many of ``kernels`` are bare tensor operations an eager chain issues after its first
+            (RoPE's or SwiGLU's under eager PyTorch, ``Strategy.fused_elementwise`` false): the host issues
+            them at its rate for one tensor operation (``CostModel.chained_dispatch_s``), not at the rate of
+            a framework-level operator (``host_dispatch_s``).
+        bwd: ``(bytes, kernels, chained)`` of a memory-bound op's backward where it is not the convention of
+            :func:`~learnedperf.graph.transformer.backward_of` (twice the forward's traffic, its kernels): an
+            eager chain, whose autograd nodes each read and write their own tensors. None: the convention.
     """
 
     name: str
@@ -68,12 +75,19 @@ class Op:
     causal: bool = False
     kernels: int = 1
     host_free: bool = False
+    chained: int = 0
+    bwd: Optional[tuple] = None
 
     @property
     def dispatches(self) -> int:
-        """Dispatches the host is charged for (:func:`~learnedperf.cost.host_bound_s`): ``kernels``, or 0 when
-        ``host_free``."""
-        return 0 if self.host_free else self.kernels
+        """Dispatches the host is charged for at a framework operator's rate (:func:`~learnedperf.cost.host_bound_s`):
+        ``kernels`` less the ``chained`` ones, or 0 when ``host_free``."""
+        return 0 if self.host_free else self.kernels - self.chained
+
+    @property
+    def chained_dispatches(self) -> int:
+        """Kernels the host issues at the rate of a bare tensor operation (``chained``), 0 when ``host_free``."""
+        return 0 if self.host_free else self.chained
 
     @property
     def is_comm(self) -> bool:

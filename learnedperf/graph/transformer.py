@@ -36,6 +36,7 @@ class Shard:
     deepep: bool = False  # tokens dispatched once per rank and per node (Strategy.moe_dispatcher 'deepep')
     expert_load: float = 1.0  # the busiest expert's rows over the balanced share (Strategy.moe_capacity_factor)
     grouped_gemm: bool = True  # local experts' GEMMs in one kernel each, else one expert at a time (moe_grouped_gemm)
+    fused_elementwise: bool = True  # RoPE and SwiGLU one kernel each, else eager PyTorch's chains (fused_elementwise)
 
     @property
     def e(self) -> int:
@@ -68,7 +69,8 @@ class Shard:
 #: The strategy attributes :func:`shard_for` reads (besides the groups it is given): a cache of costs per shard
 #: keys on them (``features.run.layer_cost``), so a field a shard gains is added here, once
 SHARD_STRATEGY_KEYS = ("micro_batch_size", "cp", "tp", "sequence_parallel", "precision", "flash_attention", "ep",
-                       "autocast", "moe_dispatcher", "expert_load", "moe_grouped_gemm")
+                       "autocast", "moe_dispatcher", "expert_load", "moe_grouped_gemm",
+                       "fused_elementwise")
 
 
 def shard_for(run: RunSpec, tp_group: Group, cp_group: Group, ep_group: Group) -> Shard:
@@ -78,7 +80,47 @@ def shard_for(run: RunSpec, tp_group: Group, cp_group: Group, ep_group: Group) -
                  sp=s.sequence_parallel and s.tp > 1, dtype=s.precision, flash=s.flash_attention,
                  tp_group=tp_group, cp_group=cp_group, ep_group=ep_group, ep=s.ep, autocast=s.autocast,
                  deepep=s.moe_dispatcher == "deepep",
-                 expert_load=s.expert_load, grouped_gemm=s.moe_grouped_gemm)
+                 expert_load=s.expert_load, grouped_gemm=s.moe_grouped_gemm,
+                 fused_elementwise=s.fused_elementwise)
+
+
+#: Eager PyTorch's rotation of one tensor, ``x·cos + rotate_half(x)·sin`` (learnedperf measure's ``apply_rope``,
+#: Hugging Face's ``apply_rotary_pos_emb``): (forward kernels, forward passes over the tensor, backward
+#: kernels, backward passes), a pass being one element read or written. Forward: x·cos (1 read, 1 written),
+#: the negated half (½, ½), the concatenation (1, 1), ·sin (1, 1), the sum (2, 1). Backward: grad·cos and
+#: grad·sin (1, 1 each), the negation's gradient (½, ½), the halves' gradients concatenated (1, 1) and the two
+#: gradients of x summed (2, 1): what PyTorch runs for that expression (its non-view aten ops, logged by
+#: tests/test_eager_elementwise.py), the small [s, d] tables left out.
+EAGER_ROPE = (5, 10.0, 5, 10.0)
+#: Eager SwiGLU, ``silu(gate) · up`` over the ``width`` elements of each half, the same way: forward silu
+#: (1, 1) and the product (2, 1); backward the product's two gradients (2, 1 each), silu's (2, 1) and the
+#: halves' gradients concatenated into the up projection's output gradient (2, 2) (logged the same way).
+EAGER_SWIGLU = (2, 5.0, 4, 13.0)
+
+
+def rope_op(name: str, sh: Shard, numel: float, cols: int, tensors: int = 2) -> Op:
+    """Rotary position embeddings over ``numel`` elements of ``tensors`` tensors (queries and keys), rows of
+    ``cols``: one fused kernel reading and writing them once (Megatron-Core's apply_rope_fusion), or eager
+    PyTorch's chain (:data:`EAGER_ROPE` per tensor) when ``sh.fused_elementwise`` is false."""
+    if sh.fused_elementwise:
+        return elementwise(name, "elementwise", "fwd", numel, 1, 1, sh.e, sh.dtype, 3.0, cols)
+    k_fwd, passes_fwd, k_bwd, passes_bwd = EAGER_ROPE
+    # one framework-level dispatch, as the fused kernel has; the rest are bare tensor operations
+    return Op(name, "elementwise", "fwd", 3.0 * numel, passes_fwd * numel * sh.e, sh.dtype,
+              (int(numel // cols), cols), kernels=k_fwd * tensors, chained=k_fwd * tensors - 1,
+              bwd=(passes_bwd * numel * sh.e, k_bwd * tensors, k_bwd * tensors - 1))
+
+
+def activation_op(name: str, sh: Shard, numel: float, cols: int, gated: bool) -> Op:
+    """The MLP's activation over ``numel`` output elements (rows of ``cols``): one kernel, reading the up
+    projection's output (both halves when ``gated``) and writing its own; a gated one under eager PyTorch
+    (``sh.fused_elementwise`` false) runs :data:`EAGER_SWIGLU`'s chain instead."""
+    if not gated or sh.fused_elementwise:
+        return elementwise(name, "elementwise", "fwd", numel, 2 if gated else 1, 1, sh.e, sh.dtype, 8.0, cols)
+    k_fwd, passes_fwd, k_bwd, passes_bwd = EAGER_SWIGLU
+    return Op(name, "elementwise", "fwd", 8.0 * numel, passes_fwd * numel * sh.e, sh.dtype,
+              (int(numel // cols), cols), kernels=k_fwd, chained=k_fwd - 1,
+              bwd=(passes_bwd * numel * sh.e, k_bwd, k_bwd - 1))
 
 
 def expert_alltoall(name: str, model: ModelSpec, sh: Shard, tokens: int, row_bytes: int, dtype: str) -> list[Op]:
@@ -203,14 +245,12 @@ def layer_forward(model: ModelSpec, sh: Shard, moe: bool = False, prefix: str = 
         linear(f"{prefix}.attn.kv_up", T, a_local * (hd - rope + vd), kv_lora)
         if rope:
             # rotary positions on each query head's rotary part and on the one rotary key a token shares
-            ops.append(elementwise(f"{prefix}.attn.rope", "elementwise", "fwd", T * (a_local + 1) * rope,
-                                   1, 1, e, dt, 3.0, rope))
+            ops.append(rope_op(f"{prefix}.attn.rope", sh, T * (a_local + 1) * rope, rope))
     else:
         qkv_out = (a_local + 2 * kv_local) * hd
         linear(f"{prefix}.attn.qkv", T, qkv_out, h, T * h)
         if model.position_embedding == "rope":
-            ops.append(elementwise(f"{prefix}.attn.rope", "elementwise", "fwd", T * (a_local + kv_local) * hd,
-                                   1, 1, e, dt, 3.0, hd))
+            ops.append(rope_op(f"{prefix}.attn.rope", sh, T * (a_local + kv_local) * hd, hd))
     if sh.cp_group.size > 1:
         # ring attention: each rank receives the K and V shards of the other cp-1 ranks
         kv_bytes = sh.b * sh.s * kv_local * (hd + vd) * e * (sh.cp_group.size - 1)
@@ -245,8 +285,7 @@ def layer_forward(model: ModelSpec, sh: Shard, moe: bool = False, prefix: str = 
         w_local = width // t
         w_up = w_local * (2 if gated else 1)
         linear(f"{prefix}.{tag}.fc1", T, w_up, h, T * h)
-        ops.append(elementwise(f"{prefix}.{tag}.act", "elementwise", "fwd", T * w_local, 2 if gated else 1, 1, e,
-                               dt, 8.0, w_local))
+        ops.append(activation_op(f"{prefix}.{tag}.act", sh, T * w_local, w_local, gated))
         linear(f"{prefix}.{tag}.fc2", T, h, w_local)
 
     if moe:
@@ -283,13 +322,15 @@ def layer_forward(model: ModelSpec, sh: Shard, moe: bool = False, prefix: str = 
         # dispatched tokens whole
         expert_mlp = len(ops)
         linear(f"{prefix}.mlp.fc1", rows, up, h, fused=False, batch=local_experts)
-        ops.append(elementwise(f"{prefix}.mlp.act", "elementwise", "fwd", expert_rows * f_local, 2 if gated else 1,
-                               1, e, dt, 8.0, f_local))
+        ops.append(activation_op(f"{prefix}.mlp.act", sh, expert_rows * f_local, f_local, gated))
         linear(f"{prefix}.mlp.fc2", rows, h, f_local, batch=local_experts)
         if not sh.grouped_gemm and local_experts > 1:
             # one expert at a time: the same work, launched once per local expert (the device time is costed
             # as the grouped ops'; the host issues every launch)
-            ops[expert_mlp:] = [replace(op, kernels=local_experts) for op in ops[expert_mlp:]]
+            ops[expert_mlp:] = [replace(op, kernels=op.kernels * local_experts, chained=op.chained * local_experts,
+                                        bwd=None if op.bwd is None else
+                                        (op.bwd[0], op.bwd[1] * local_experts, op.bwd[2] * local_experts))
+                                for op in ops[expert_mlp:]]
         if sh.ep > 1:
             if regroup:
                 ops.append(elementwise(f"{prefix}.moe.unsort_chunks", "elementwise", "fwd", moved * h, 1, 1, e, dt,
@@ -317,7 +358,8 @@ def backward_of(fwd: list[Op]) -> list[Op]:
     A GEMM becomes two GEMMs of equal FLOPs (input gradient and weight gradient);
     attention backward does twice the forward FLOPs; a memory-bound op reads the
     output gradient and its saved input and writes the input gradient (twice the
-    forward traffic). The collective at a TP boundary has its conjugate in
+    forward traffic; an op that states its backward's traffic and kernels, an eager chain, has those).
+    The collective at a TP boundary has its conjugate in
     backward: an all-reduce stays an all-reduce (moved to the block's input),
     all-gather and reduce-scatter swap, and SP re-gathers its input for the
     weight gradient (Megatron ``sequence_parallel``).
@@ -352,8 +394,9 @@ def backward_of(fwd: list[Op]) -> list[Op]:
             # the gradient of a cast is the reverse cast of the same number of elements
             out.append(Op(f"{name}.bwd", op.kind, "bwd", op.flops, op.bytes, op.dtype, op.shape, kernels=op.kernels))
         else:
-            out.append(Op(f"{name}.bwd", op.kind, "bwd", op.flops * 2.0, op.bytes * 2.0, op.dtype, op.shape,
-                          kernels=op.kernels))
+            nbytes, kernels, chained = (op.bytes * 2.0, op.kernels, op.chained) if op.bwd is None else op.bwd
+            out.append(Op(f"{name}.bwd", op.kind, "bwd", op.flops * 2.0, nbytes, op.dtype, op.shape,
+                          kernels=kernels, chained=chained))
     return out
 
 

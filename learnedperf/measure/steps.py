@@ -463,8 +463,8 @@ def run_dict(config: StepConfig, hardware: dict) -> dict:
     interleaved schedules' ``v``; left out at 1),
     precision, fused attention (SDPA), recomputation, ZeRO / FSDP, the gradient
     bucket, whether gradient reduction overlapped backward and a MoE model's expert
-    capacity factor (left out when dropless) and, when dropless, ``moe_grouped_gemm`` false (the
-    experts run one at a time).
+    capacity factor (left out when dropless), when dropless ``moe_grouped_gemm`` false (the
+    experts run one at a time), and ``fused_elementwise`` false (the models run in eager PyTorch).
     """
     plan = plan_step(config)
     return _run_dict(plan, hardware)
@@ -493,6 +493,8 @@ def _run_dict(plan: StepPlan, hardware: dict) -> dict:
         # bf16 steps run the fp32 model under torch.autocast (no bf16 weights, no master copy)
         **({"mixed_precision": "autocast"} if s["precision"] == "bf16" else {}),
         "flash_attention": True, "grad_bucket_size_MiB": s["grad_bucket_size_MiB"],
+        # eager PyTorch (measure.models): RoPE and SwiGLU run one kernel per tensor operation
+        "fused_elementwise": False,
         "overlap_grad_reduce": overlap_grad,
         # FSDP2 issues each all-gather in the layer's pre-forward hook and waits for it there (no
         # explicit prefetch is configured, and CPU has no side streams), so gathers are not overlapped.

@@ -6,7 +6,8 @@ changes, and a declared version number (``SIMULATOR_VERSION``) is only as good a
 it: it stayed at 0.1.0 through every change of the graph and of the host model. The fingerprint is the
 sha256 of the simulated iteration time, time breakdown and memory per device of a fixed set of reference
 runs (tensor, pipeline, sequence, context, expert and sharded data parallelism, interleaved and zero-bubble
-schedules, recomputation, autocast, fp8 and fp32, on A100s, H100s and a V100). A change to the graph
+schedules, recomputation, autocast with eager element-wise chains, fp8 and fp32, on A100s, H100s and a
+V100). A change to the graph
 builder, the simulator, the cost model or the catalog that moves any of them changes it; one that moves none
 of them (a device, dispatcher or schedule they do not use) does not: the set covers the common paths, not
 every path.
@@ -33,9 +34,9 @@ REFERENCE_RUNS: tuple[dict, ...] = (
     {"id": "zb-h1", "model": "llama-2-7b", "hardware": {"cluster": "dgx-h100", "num_devices": 8},
      "strategy": {"pp": 4, "pipeline_schedule": "zb-h1", "micro_batch_size": 1, "global_batch_size": 16,
                   "precision": "bf16"}},
-    {"id": "fsdp-autocast", "model": "llama-3-8b", "hardware": {"cluster": "dgx-h100", "num_devices": 16},
+    {"id": "fsdp-autocast-eager", "model": "llama-3-8b", "hardware": {"cluster": "dgx-h100", "num_devices": 16},
      "strategy": {"fsdp": True, "micro_batch_size": 1, "global_batch_size": 16, "precision": "bf16",
-                  "mixed_precision": "autocast"}},
+                  "mixed_precision": "autocast", "fused_elementwise": False}},
     {"id": "zero1-cp", "model": "llama-3-8b", "hardware": {"cluster": "dgx-h100", "num_devices": 16},
      "strategy": {"cp": 2, "tp": 2, "zero_stage": 1, "micro_batch_size": 1, "global_batch_size": 16,
                   "precision": "bf16"}},

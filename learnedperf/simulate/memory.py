@@ -92,7 +92,9 @@ def layer_activation_bytes(run) -> float:
                + T * v_hd * e  # V
                + T * o_hd * eg  # projection input (attention output)
                + T * f * e * (2 if m.activation == "swiglu" else 1)  # activation-function input
-               + T * f * eg)  # FC2 input
+               + T * f * eg  # FC2 input
+               # eager SwiGLU keeps silu(gate) too, for the product's gradient of up (fused, it is recomputed)
+               + (T * f * e if m.activation == "swiglu" and not s.fused_elementwise else 0))
     # a MoE layer keeps more than a dense one's FC1 input: the routed copies in expert order that its experts'
     # FC1 reads (every TP rank holds all of its experts' rows, so they are not split over tp; capacity pads
     # them), the experts' outputs the combine weights multiply (saved for the weights' gradient) and the

@@ -99,11 +99,12 @@ class SimResult:
 
 # ------------------------------------------------------------------ costs
 def _block_cost(ops, cost: CostModel, hide_alltoall: bool) -> tuple:
-    """One block's ops once: ``(kernel seconds, host dispatches, {phase: kernel seconds}, collectives)``, the collectives
+    """One block's ops once: ``(kernel seconds, (host dispatches, chained dispatches), {phase: kernel seconds},
+    collectives)``, the collectives
     as ``(hidden, latency, intra bytes, inter bytes)`` in op order (``hidden``: an expert all-to-all that runs
     beside computation, ``hide_alltoall``)."""
     block = 0.0
-    kernels = 0
+    kernels = chained = 0
     cats: dict[str, float] = {}
     comms = []
     for op in ops:
@@ -114,8 +115,9 @@ def _block_cost(ops, cost: CostModel, hide_alltoall: bool) -> tuple:
             t = cost.compute_time_s(op)
             block += t
             kernels += op.dispatches
+            chained += op.chained_dispatches
             cats[op.phase] = cats.get(op.phase, 0.0) + t
-    return block, kernels, cats, comms
+    return block, (kernels, chained), cats, comms
 
 
 def _unit_cost(blocks, cost: CostModel, hide_alltoall: bool = False, memo: Optional[dict] = None) -> tuple:
@@ -147,7 +149,7 @@ def _unit_cost(blocks, cost: CostModel, hide_alltoall: bool = False, memo: Optio
             load[2] += inter * rep
         # a block's kernels are issued back to back: the host binds it where it issues them more slowly than
         # the device runs them, and each phase takes its share of the block
-        bound = host_bound_s(block, kernels, host)
+        bound = host_bound_s(block, kernels[0], host, kernels[1], cost.chained_dispatch_s)
         stretch = bound / block if block > 0 else 0.0
         comp += bound * rep
         for phase, t in cats.items():

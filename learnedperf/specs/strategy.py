@@ -18,7 +18,8 @@ PIPELINE_SCHEDULES: tuple[str, ...] = get_args(PipelineSchedule)
 #: departs from them needs expert parallelism.
 EXPERT_DISPATCH_DEFAULTS = MappingProxyType({"moe_dispatcher": "alltoall", "overlap_moe_comm": False})
 #: :meth:`Strategy.omitted_defaults`, built once (read at every ``to_dict``, run ids included).
-_OMITTED_DEFAULTS = MappingProxyType({**EXPERT_DISPATCH_DEFAULTS, "moe_grouped_gemm": True})
+_OMITTED_DEFAULTS = MappingProxyType({**EXPERT_DISPATCH_DEFAULTS, "moe_grouped_gemm": True,
+                                      "fused_elementwise": True})
 
 #: Largest parallel size or micro-batch accepted: no run has more devices (``hardware.MAX_DEVICES``), and
 #: a bound turns absurd input into an error naming the field instead of a prediction.
@@ -83,6 +84,14 @@ class Strategy(Spec):
                     "'autocast' = fp32 weights cast to `precision` at every GEMM, norms, softmax and loss in "
                     "fp32 (torch.autocast / PyTorch AMP)")
     flash_attention: bool = Field(default=True, description="fused attention kernel (no s² tensor in memory)")
+    fused_elementwise: bool = Field(
+        default=True,
+        description="rotary position embeddings and a gated activation (SwiGLU) run as one fused kernel each "
+                    "(Megatron-Core's apply_rope_fusion and bias_swiglu_fusion); false: eager PyTorch, one "
+                    "kernel per tensor operation (Hugging Face Transformers, learnedperf measure): RoPE five "
+                    "kernels per rotated tensor, SwiGLU two, each reading and writing its own tensors, and "
+                    "SwiGLU's silu output saved for backward. Models without RoPE or a gated activation run "
+                    "the same either way")
     grad_bucket_size_MiB: float = Field(default=25.0, gt=0, description="DDP gradient bucket (PyTorch default 25 MiB)")
     overlap_grad_reduce: bool = Field(default=True, description="reduce gradients while backward runs")
     overlap_param_gather: bool = Field(default=True, description="prefetch ZeRO-3/FSDP parameters")
@@ -169,8 +178,8 @@ class Strategy(Spec):
         return self
 
     def omitted_defaults(self) -> dict:
-        """The expert-dispatch keys at their defaults (:data:`EXPERT_DISPATCH_DEFAULTS`) and
-        ``moe_grouped_gemm`` at true: runs written before these keys existed keep their JSON and run id."""
+        """The expert-dispatch keys at their defaults (:data:`EXPERT_DISPATCH_DEFAULTS`), ``moe_grouped_gemm``
+        and ``fused_elementwise`` at true: runs written before these keys existed keep their JSON and run id."""
         return _OMITTED_DEFAULTS
 
     @property
