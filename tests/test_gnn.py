@@ -29,7 +29,7 @@ from learnedperf.graph.transformer import model_flops_per_iteration
 from learnedperf.simulate import simulate
 
 sys.path.insert(0, str(Path(__file__).parent))
-from conftest import GPT_SMALL, hardware, make_run  # noqa: E402
+from conftest import A100_LIKE, GPT_SMALL, hardware, make_run  # noqa: E402
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("torch_geometric")
@@ -170,6 +170,41 @@ def test_global_features_match_closed_forms(runs):
         global_feature_vector(fsdp, 10.0, {k: 1.0 for k in BREAKDOWN_PARTS if k != "pipeline_bubble"})
     with pytest.raises(InputError, match="sim_time_ms"):
         global_feature_vector(fsdp, float("nan"), {k: 1.0 for k in BREAKDOWN_PARTS})
+
+
+def test_unused_link_levels_read_as_absent():
+    """A step cannot depend on links it does not use: the link features of a level the run leaves idle are
+    those of hardware without the level, in the graph's global features and the surrogate's run features."""
+    from learnedperf.features.run import RUN_FEATURE_SCHEMA, RunContext, run_features
+
+    parts = {k: 1.0 for k in BREAKDOWN_PARTS}
+    gidx, ridx = GLOBAL_FEATURE_SCHEMA.index, RUN_FEATURE_SCHEMA.index
+    bare = {k: v for k, v in A100_LIKE.items() if not k.endswith("_node_bandwidth_GBps")}
+
+    def both(n, per_node, with_links):
+        # with links: 450 and 37.5 GB/s at every level; without: 300 and 25 where the run uses the level (a run
+        # must name the links it uses), nothing where it does not
+        hw_extra = ({"intra_node_bandwidth_GBps": 450.0, "inter_node_bandwidth_GBps": 37.5} if with_links else
+                    {**({"intra_node_bandwidth_GBps": 300.0} if min(n, per_node) > 1 else {}),
+                     **({"inter_node_bandwidth_GBps": 25.0} if n > per_node else {})})
+        run = make_run(GPT_SMALL, n, per_node, device=bare, hw_extra=hw_extra)
+        return (global_feature_vector(run, 10.0, parts),
+                np.asarray(run_features(run, RunContext(run.model, run.hardware), 1.0)[0]))
+
+    def same(a, b, names, schema_index):
+        return all(np.array_equal(a[schema_index(n)], b[schema_index(n)], equal_nan=True) for n in names)
+
+    g_names = ("log_intra_node_bw_Bps", "intra_node_bw_unknown", "log_inter_node_bw_Bps", "inter_node_bw_unknown")
+    for n, per_node, intra_used, inter_used in ((1, 8, False, False), (4, 1, False, True), (8, 8, True, False),
+                                                (16, 8, True, True)):
+        (g1, r1), (g0, r0) = both(n, per_node, True), both(n, per_node, False)
+        assert same(g1, g0, g_names[:2], gidx) == (not intra_used), (n, per_node)
+        assert same(g1, g0, g_names[2:], gidx) == (not inter_used), (n, per_node)
+        assert same(r1, r0, ("log_intra_bw",), ridx) == (not intra_used), (n, per_node)
+        assert same(r1, r0, ("log_inter_bw",), ridx) == (not inter_used), (n, per_node)
+        assert g0[gidx("intra_node_bw_unknown")] == g0[gidx("inter_node_bw_unknown")] == 0
+        assert math.isclose(g1[gidx("log_intra_node_bw_Bps")], math.log(450e9) if intra_used else 0.0, rel_tol=1e-6)
+        assert math.isclose(g1[gidx("log_inter_node_bw_Bps")], math.log(37.5e9) if inter_used else 0.0, rel_tol=1e-6)
 
 
 def test_global_features_from_record(runs):

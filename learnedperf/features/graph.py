@@ -34,7 +34,7 @@ from ..data.graphs import DTYPES, EDGE_TYPES, KINDS, NODE_FEATURES, PHASES, SHAP
 from ..errors import InputError
 from .ops import FeatureSchema
 
-GRAPH_FEATURE_SCHEMA_VERSION = 10
+GRAPH_FEATURE_SCHEMA_VERSION = 11
 """Version of the node, edge and global feature schemas together; bumped on any change of names,
 order or meaning (checkpoints refuse to load under another version)."""
 
@@ -107,10 +107,12 @@ def _global_features() -> tuple[tuple[str, str], ...]:
     f += [("log_peak_flops", "log(peak FLOP/s of the run's precision; the fp32 peak if the device has none)"),
           ("log_mem_bw_Bps", "log(device memory bandwidth in bytes/s)"),
           ("log_device_memory_GiB", "log(device memory in GiB)"),
-          ("log_intra_node_bw_Bps", "log(intra-node link bytes/s per device and direction); 0 if unknown"),
-          ("intra_node_bw_unknown", "1 if the hardware gives no intra-node bandwidth"),
-          ("log_inter_node_bw_Bps", "log(inter-node link bytes/s per device and direction); 0 if unknown"),
-          ("inter_node_bw_unknown", "1 if the hardware gives no inter-node bandwidth")]
+          ("log_intra_node_bw_Bps", "log(intra-node link bytes/s per device and direction); 0 if unknown or "
+                                    "unused (one device per node)"),
+          ("intra_node_bw_unknown", "1 if the run uses intra-node links and the hardware gives no bandwidth"),
+          ("log_inter_node_bw_Bps", "log(inter-node link bytes/s per device and direction); 0 if unknown or "
+                                    "unused (one node)"),
+          ("inter_node_bw_unknown", "1 if the run uses inter-node links and the hardware gives no bandwidth")]
     f += [("log_num_params", "log(model parameters)"),
           ("log_num_layers", "log(transformer layers)"),
           ("log_hidden_size", "log(hidden size)"),
@@ -395,10 +397,14 @@ def global_feature_vector(spec: Any, sim_time_ms: float, breakdown_ms: Mapping[s
         "log_sim_time_ms": math.log(t_ms),
         **fracs,
     }
-    for level in ("intra", "inter"):
-        bw = getattr(hw, f"{level}_node_bandwidth_GBps")
+    # a link level the run does not use reads as absent, whatever the hardware says of it: a single-device
+    # step's time cannot depend on its links, and a learned correction that saw them told apart devices of
+    # equal rates by their link figures (the MI250X GCD, whose catalog entry has a link, came out 8-12 %
+    # behind the MI250 GCD, whose entry has none: experiments/device_dominance.py)
+    for level, used in (("intra", hw.node_size > 1), ("inter", hw.num_nodes > 1)):
+        bw = getattr(hw, f"{level}_node_bandwidth_GBps") if used else None
         cols[f"log_{level}_node_bw_Bps"] = math.log(bw * 1e9) if bw else 0.0
-        cols[f"{level}_node_bw_unknown"] = float(not bw)
+        cols[f"{level}_node_bw_unknown"] = float(used and not bw)
     for z in _ZERO_STAGES:
         cols[f"zero_stage={z}"] = float(s.effective_zero_stage == z)
     cols["fsdp"] = float(s.fsdp)

@@ -38,7 +38,7 @@ from ..graph.transformer import (SHARD_STRATEGY_KEYS, backward_of, embedding_bac
 from ..simulate.simulator import kernels_beside_alltoalls_s
 from .ops import FeatureSchema
 
-RUN_FEATURE_SCHEMA_VERSION = 9
+RUN_FEATURE_SCHEMA_VERSION = 10
 """Version of :data:`RUN_FEATURE_SCHEMA`; bumped on any change of names, order or meaning."""
 
 _ARCHS = ("gpt", "llama", "bert", "moe")
@@ -71,8 +71,8 @@ def _features() -> tuple[tuple[str, str], ...]:
           ("l2_MiB", "L2 cache"),
           ("clock_MHz", "clock"),
           ("is_cpu", "1 for a CPU device (name cpu-...)"),
-          ("log_intra_bw", "log intra-node link bytes/s (NaN unknown)"),
-          ("log_inter_bw", "log inter-node link bytes/s per device (NaN unknown)"),
+          ("log_intra_bw", "log intra-node link bytes/s (NaN unknown, or unused: one device per node)"),
+          ("log_inter_bw", "log inter-node link bytes/s per device (NaN unknown, or unused: one node)"),
           ("devices_per_node", "node size used"),
           ("log_num_devices", "log number of devices"),
           ("log_num_nodes", "log number of nodes")]
@@ -156,8 +156,10 @@ class RunContext:
         nan = float("nan")
         self.device_static = [math.log(mem_bw_Bps), dev.memory_GiB, float(dev.num_sms), dev.l2_cache_MiB,
                               dev.clock_MHz, self.is_cpu,
-                              math.log(self.intra_Bps) if self.intra_Bps else nan,
-                              math.log(self.inter_Bps) if self.inter_Bps else nan,
+                              # a level the run does not use is missing, as in the graph's features (why:
+                              # features.graph.global_feature_vector)
+                              math.log(self.intra_Bps) if self.intra_Bps and hardware.node_size > 1 else nan,
+                              math.log(self.inter_Bps) if self.inter_Bps and hardware.num_nodes > 1 else nan,
                               float(hardware.node_size), math.log(hardware.num_devices),
                               math.log(hardware.num_nodes)]
 
