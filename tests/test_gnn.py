@@ -173,8 +173,9 @@ def test_global_features_match_closed_forms(runs):
 
 
 def test_unused_link_levels_read_as_absent():
-    """A step cannot depend on links it does not use: the link features of a level the run leaves idle are
-    those of hardware without the level, in the graph's global features and the surrogate's run features."""
+    """A step cannot depend on links it does not use: the link features of a level the run leaves idle do not
+    depend on the hardware's figure for it (and read as absent), those of a level it uses do; in the graph's global
+    features and the surrogate's run features alike."""
     from learnedperf.features.run import RUN_FEATURE_SCHEMA, RunContext, run_features
 
     parts = {k: 1.0 for k in BREAKDOWN_PARTS}
