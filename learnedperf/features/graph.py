@@ -402,7 +402,7 @@ def global_feature_vector(spec: Any, sim_time_ms: float, breakdown_ms: Mapping[s
     # equal rates by their link figures (the MI250X GCD, whose catalog entry has a link, came out 8-12 %
     # behind the MI250 GCD, whose entry has none: experiments/device_dominance.py)
     for level, used in (("intra", hw.node_size > 1), ("inter", hw.num_nodes > 1)):
-        bw = getattr(hw, f"{level}_node_bandwidth_GBps") if used else None
+        bw = hw.used_link_bandwidth_GBps(level)
         cols[f"log_{level}_node_bw_Bps"] = math.log(bw * 1e9) if bw else 0.0
         cols[f"{level}_node_bw_unknown"] = float(used and not bw)
     for z in _ZERO_STAGES:

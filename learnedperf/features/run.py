@@ -151,15 +151,13 @@ class RunContext:
                        float(m.num_experts), float(m.moe_top_k), 1.0 if m.activation == "swiglu" else 0.0]
         self.static += [1.0 if m.arch == a else 0.0 for a in _ARCHS]
         mem_bw_Bps = dev.memory_bandwidth_GBps * 1e9
-        self.intra_Bps = hardware.intra_node_bandwidth_GBps * 1e9 if hardware.intra_node_bandwidth_GBps else None
-        self.inter_Bps = hardware.inter_node_bandwidth_GBps * 1e9 if hardware.inter_node_bandwidth_GBps else None
         nan = float("nan")
         self.device_static = [math.log(mem_bw_Bps), dev.memory_GiB, float(dev.num_sms), dev.l2_cache_MiB,
                               dev.clock_MHz, self.is_cpu,
                               # a level the run does not use is missing, as in the graph's features (why:
                               # features.graph.global_feature_vector)
-                              math.log(self.intra_Bps) if self.intra_Bps and hardware.node_size > 1 else nan,
-                              math.log(self.inter_Bps) if self.inter_Bps and hardware.num_nodes > 1 else nan,
+                              *(math.log(bw * 1e9) if bw else nan
+                                for bw in map(hardware.used_link_bandwidth_GBps, ("intra", "inter"))),
                               float(hardware.node_size), math.log(hardware.num_devices),
                               math.log(hardware.num_nodes)]
 

@@ -98,17 +98,25 @@ EAGER_ROPE = (5, 10.0, 5, 10.0)
 EAGER_SWIGLU = (2, 5.0, 4, 13.0)
 
 
+def _eager_chain(name: str, sh: Shard, numel: float, cols: int, flops_per_element: float, chain: tuple,
+                 copies: int = 1) -> Op:
+    """One element-wise op standing for eager PyTorch's ``chain`` (:data:`EAGER_ROPE`, :data:`EAGER_SWIGLU`) run
+    ``copies`` times over ``numel`` elements (rows of ``cols``): its kernels and passes, forward and backward.
+    The first kernel costs the host a framework-level dispatch, as the fused kernel does; the rest are bare
+    tensor operations (``Op.chained``)."""
+    k_fwd, passes_fwd, k_bwd, passes_bwd = chain
+    return Op(name, "elementwise", "fwd", flops_per_element * numel, passes_fwd * numel * sh.e, sh.dtype,
+              (int(numel // cols), cols), kernels=k_fwd * copies, chained=k_fwd * copies - 1,
+              bwd=(passes_bwd * numel * sh.e, k_bwd * copies, k_bwd * copies - 1))
+
+
 def rope_op(name: str, sh: Shard, numel: float, cols: int, tensors: int = 2) -> Op:
     """Rotary position embeddings over ``numel`` elements of ``tensors`` tensors (queries and keys), rows of
     ``cols``: one fused kernel reading and writing them once (Megatron-Core's apply_rope_fusion), or eager
     PyTorch's chain (:data:`EAGER_ROPE` per tensor) when ``sh.fused_elementwise`` is false."""
     if sh.fused_elementwise:
         return elementwise(name, "elementwise", "fwd", numel, 1, 1, sh.e, sh.dtype, 3.0, cols)
-    k_fwd, passes_fwd, k_bwd, passes_bwd = EAGER_ROPE
-    # one framework-level dispatch, as the fused kernel has; the rest are bare tensor operations
-    return Op(name, "elementwise", "fwd", 3.0 * numel, passes_fwd * numel * sh.e, sh.dtype,
-              (int(numel // cols), cols), kernels=k_fwd * tensors, chained=k_fwd * tensors - 1,
-              bwd=(passes_bwd * numel * sh.e, k_bwd * tensors, k_bwd * tensors - 1))
+    return _eager_chain(name, sh, numel, cols, 3.0, EAGER_ROPE, tensors)
 
 
 def activation_op(name: str, sh: Shard, numel: float, cols: int, gated: bool) -> Op:
@@ -117,10 +125,7 @@ def activation_op(name: str, sh: Shard, numel: float, cols: int, gated: bool) ->
     (``sh.fused_elementwise`` false) runs :data:`EAGER_SWIGLU`'s chain instead."""
     if not gated or sh.fused_elementwise:
         return elementwise(name, "elementwise", "fwd", numel, 2 if gated else 1, 1, sh.e, sh.dtype, 8.0, cols)
-    k_fwd, passes_fwd, k_bwd, passes_bwd = EAGER_SWIGLU
-    return Op(name, "elementwise", "fwd", 8.0 * numel, passes_fwd * numel * sh.e, sh.dtype,
-              (int(numel // cols), cols), kernels=k_fwd, chained=k_fwd - 1,
-              bwd=(passes_bwd * numel * sh.e, k_bwd, k_bwd - 1))
+    return _eager_chain(name, sh, numel, cols, 8.0, EAGER_SWIGLU)
 
 
 def expert_alltoall(name: str, model: ModelSpec, sh: Shard, tokens: int, row_bytes: int, dtype: str) -> list[Op]:

@@ -135,13 +135,13 @@ def _unit_cost(blocks, cost: CostModel, hide_alltoall: bool = False, memo: Optio
     host = cost.host_dispatch_s
     for ops, rep in blocks:
         if memo is None:
-            block, kernels, cats, comms = _block_cost(ops, cost, hide_alltoall)
+            block, (kernels, chained), cats, comms = _block_cost(ops, cost, hide_alltoall)
         else:
             key = (id(ops), hide_alltoall)
             hit = memo.get(key)
             if hit is None or hit[0] is not ops:  # the memo holds the list, so its id is not reused meanwhile
                 hit = memo[key] = (ops, _block_cost(ops, cost, hide_alltoall))
-            block, kernels, cats, comms = hit[1]
+            block, (kernels, chained), cats, comms = hit[1]
         for is_hidden, lat, intra, inter in comms:
             load = hidden if is_hidden else blocking
             load[0] += lat * rep
@@ -149,7 +149,7 @@ def _unit_cost(blocks, cost: CostModel, hide_alltoall: bool = False, memo: Optio
             load[2] += inter * rep
         # a block's kernels are issued back to back: the host binds it where it issues them more slowly than
         # the device runs them, and each phase takes its share of the block
-        bound = host_bound_s(block, kernels[0], host, kernels[1], cost.chained_dispatch_s)
+        bound = host_bound_s(block, kernels, host, chained, cost.chained_dispatch_s)
         stretch = bound / block if block > 0 else 0.0
         comp += bound * rep
         for phase, t in cats.items():
