@@ -29,8 +29,12 @@ Running one again changes nothing.
   ``x·cos + rotate_half(x)·sin``, SwiGLU as ``silu(gate) * up``, one kernel per tensor operation); records
   written before ``strategy.fused_elementwise`` existed read as the default, fused kernels. Adds
   ``"fused_elementwise": false`` to every step that does not state it.
+* ``checkpoint`` — ``learnedperf measure`` recomputes a layer with ``torch.utils.checkpoint(use_reentrant=False)``;
+  records written before ``strategy.checkpoint_impl`` existed read as the default, the reentrant checkpoint
+  (Megatron-LM's). Adds ``"checkpoint_impl": "non_reentrant"`` to every step with recomputation that does not
+  state it.
 
-Usage: ``python experiments/amend_records.py {autocast,busbw,fsdp,moe_loop,eager} DATASET_DIR ...``
+Usage: ``python experiments/amend_records.py {autocast,busbw,fsdp,moe_loop,eager,checkpoint} DATASET_DIR ...``
 """
 
 from __future__ import annotations
@@ -154,8 +158,23 @@ def amend_eager(directory: Path, command: str) -> int:
                        "run_id; measured values unchanged")
 
 
+def mark_checkpoint(run: dict) -> None:
+    """Add ``checkpoint_impl: 'non_reentrant'`` to a step with recomputation that does not say how it recomputed."""
+    s = run.setdefault("strategy", {})
+    if s.get("recompute", "none") != "none" and "checkpoint_impl" not in s:
+        s["checkpoint_impl"] = "non_reentrant"
+
+
+def amend_checkpoint(directory: Path, command: str) -> int:
+    """The ``checkpoint`` amendment of ``directory`` (see the module docstring)."""
+    return amend_steps(directory, mark_checkpoint, command,
+                       "steps recomputed with torch.utils.checkpoint(use_reentrant=False) "
+                       "(learnedperf.measure.models): added strategy.checkpoint_impl = 'non_reentrant' to the runs "
+                       "with recomputation and recomputed run_id; measured values unchanged")
+
+
 AMENDMENTS = {"autocast": amend_autocast, "busbw": amend_busbw, "fsdp": amend_fsdp, "moe_loop": amend_moe_loop,
-              "eager": amend_eager}
+              "eager": amend_eager, "checkpoint": amend_checkpoint}
 
 
 def main(argv: list[str]) -> int:

@@ -62,7 +62,7 @@ _STRATEGY_FLAGS = {
     "mixed_precision": "mixed_precision", "flash_attention": "flash_attention", "optimizer": "optimizer",
     "forward_only": "forward_only", "moe_dispatcher": "moe_dispatcher", "overlap_moe_comm": "overlap_moe_comm",
     "moe_capacity_factor": "moe_capacity_factor", "moe_grouped_gemm": "moe_grouped_gemm",
-    "fused_elementwise": "fused_elementwise",
+    "fused_elementwise": "fused_elementwise", "checkpoint_impl": "checkpoint_impl",
 }
 # the run format's specs.strategy.PIPELINE_SCHEDULES, spelled out: the specs import pydantic, which this module
 # leaves to the commands that build runs (tests/test_zb_v.py checks that the two agree)
@@ -149,6 +149,9 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--dp-replicate", type=_positive_int, metavar="N",
                    help="hybrid sharding (HSDP): N copies of the ZeRO/FSDP states, each sharded over dp·cp/N ranks")
     m.add_argument("--recompute", choices=("none", "selective", "full"), help="activation recomputation")
+    m.add_argument("--checkpoint-impl", choices=("reentrant", "non_reentrant"),
+                   help="how recomputation runs: reentrant (default: Megatron-LM, use_reentrant=True) or "
+                        "non_reentrant (torch.utils.checkpoint with use_reentrant=False: more host work)")
     m.add_argument("--sequence-parallel", action="store_const", const=True)
     m.add_argument("--precision", choices=("fp32", "tf32", "bf16", "fp16", "fp8"))
     m.add_argument("--mixed-precision", choices=("master_weights", "autocast"),
@@ -538,7 +541,8 @@ def _table(pred: dict, run: Any) -> str:
         if s.dp_replicate > 1:
             knobs.append(f"hybrid: {s.dp_replicate} copies of {s.shard_size} shards")
     if s.recompute != "none":
-        knobs.append(f"recompute {s.recompute}")
+        knobs.append(f"recompute {s.recompute}" + (" (non-reentrant)" if s.checkpoint_impl == "non_reentrant"
+                                                   else ""))
     if s.sequence_parallel:
         knobs.append("sequence parallel")
     if not s.flash_attention:

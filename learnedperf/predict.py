@@ -517,7 +517,7 @@ SEARCH_CONSTRAINTS = {
     "memory_headroom_GiB": (0.0, "memory to leave free on every device"),
     "fixed": ({}, "other strategy fields every candidate takes as given (e.g. flash_attention, "
                   "overlap_grad_reduce, optimizer; moe_dispatcher and overlap_moe_comm go to the candidates "
-                  "with ep > 1 only); validated with the run"),
+                  "with ep > 1 only, checkpoint_impl to those that recompute); validated with the run"),
     "max_candidates": (200000, "refuse a search space larger than this"),
 }
 
@@ -649,11 +649,14 @@ def enumerate_strategies(model: Any, hw: Any, constraints: Optional[dict] = None
                             for rc in c["recompute"]:
                                 for z, r in sharding:
                                     for sp, dv in product(sps, dispatch):
-                                        out.append({**fixed, **dv, "tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep,
-                                                    "micro_batch_size": mbs, "global_batch_size": gbs,
-                                                    "pipeline_schedule": sched, "virtual_pipeline_stages": v,
-                                                    "recompute": rc, "zero_stage": z, "dp_replicate": r,
-                                                    "sequence_parallel": sp, "precision": c["precision"]})
+                                        cand = {**fixed, **dv, "tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep,
+                                                "micro_batch_size": mbs, "global_batch_size": gbs,
+                                                "pipeline_schedule": sched, "virtual_pipeline_stages": v,
+                                                "recompute": rc, "zero_stage": z, "dp_replicate": r,
+                                                "sequence_parallel": sp, "precision": c["precision"]}
+                                        if rc == "none":
+                                            cand.pop("checkpoint_impl", None)  # says how a recomputation runs
+                                        out.append(cand)
                                         if len(out) > c["max_candidates"]:
                                             raise InputError(
                                                 f"constraints.max_candidates: the search space exceeds "

@@ -60,7 +60,7 @@ from typing import Any, Iterator, Optional
 
 from ..errors import InputError, LearnedPerfError, SpecError
 
-SAMPLER_VERSION = "11"
+SAMPLER_VERSION = "12"
 """Version of the sampling distribution; a change gives other runs for the same seed."""
 
 FAMILIES = ("gpt", "llama", "bert", "moe")
@@ -114,6 +114,9 @@ _INTERLEAVED_ZB_SHARE = 0.3
 #: share of runs with RoPE or a gated activation drawn in eager PyTorch (``fused_elementwise`` false: Hugging
 #: Face and learnedperf measure's models): a sampling choice so that eager chains appear in training
 _EAGER_SHARE = 0.2
+#: share of runs with recomputation drawn with the non-reentrant checkpoint (``checkpoint_impl``: PyTorch's
+#: checkpoint_wrapper and learnedperf measure's models): a sampling choice so that its host cost appears in training
+_NON_REENTRANT_SHARE = 0.3
 _BYTES_PER_PARAM = 18.0  # bf16 weights 2 + fp32 grads 4 + fp32 master 4 + two Adam moments 8 (ZeRO paper §3.1)
 
 
@@ -392,6 +395,8 @@ def _draw_strategy(rng: random.Random, spec_model: Any, device: dict, num_device
             s["pipeline_schedule"] = "interleaved-zb"
     if (m.position_embedding == "rope" or m.activation == "swiglu") and rng.random() < _EAGER_SHARE:
         s["fused_elementwise"] = False
+    if s.get("recompute", "none") != "none" and rng.random() < _NON_REENTRANT_SHARE:
+        s["checkpoint_impl"] = "non_reentrant"
     return s
 
 
@@ -414,6 +419,7 @@ def _forward_only(s: dict) -> None:
     (which shard only optimizer states and gradients) become plain data parallelism, ZeRO-3/FSDP keep
     gathering the weights."""
     s.update(forward_only=True, optimizer="none", recompute="none")
+    s.pop("checkpoint_impl", None)  # nothing is recomputed
     for key in ("overlap_grad_reduce", "grad_reduce_precision"):
         s.pop(key, None)
     if not s.get("fsdp") and s.get("zero_stage", 0) in (1, 2):
@@ -598,7 +604,7 @@ def draw(seed: int, index: int, keep_oom: bool = False, skip: int = 0) -> Sample
 #: measured one takes them from it half the time (``_NEAR_STYLE_SHARE``), so that runs near the measured ones
 #: keep their framework's habits (vTrain's fp16 without fused attention or overlapped reduction, say)
 NEAR_STYLE_KEYS = ("precision", "mixed_precision", "flash_attention", "overlap_grad_reduce", "grad_reduce_precision",
-                   "recompute", "optimizer", "forward_only", "fused_elementwise")
+                   "recompute", "checkpoint_impl", "optimizer", "forward_only", "fused_elementwise")
 #: share of near runs that keep their anchor's style keys: a sampling choice (half keep them, half explore the
 #: sampler's), not a measured share
 _NEAR_STYLE_SHARE = 0.5

@@ -239,7 +239,8 @@ def layer_cost(run: Any, ctx: RunContext) -> tuple[float, ...]:
     dpn = run.hardware.node_size
     tied_here = m.tie_embeddings and s.pp * s.virtual_pipeline_stages == 1
     # what the shard is built from, and the strategy fields the costing below reads besides
-    key = (*(getattr(s, k) for k in SHARD_STRATEGY_KEYS), s.recompute, s.forward_only, s.overlap_moe_comm, tied_here)
+    key = (*(getattr(s, k) for k in SHARD_STRATEGY_KEYS), s.recompute, s.checkpoint_impl, s.forward_only,
+           s.overlap_moe_comm, tied_here)
     hit = ctx.layer_costs.get(key)
     if hit is not None:
         return hit
@@ -247,7 +248,8 @@ def layer_cost(run: Any, ctx: RunContext) -> tuple[float, ...]:
                    group_placement(s.ep, s.tp, dpn))
 
     def unit(fwd: list) -> tuple[float, float, float, float]:
-        parts = (fwd,) if s.forward_only else (fwd, backward_of(fwd), recompute_ops(fwd, s.recompute))
+        parts = (fwd,) if s.forward_only else (fwd, backward_of(fwd),
+                                               recompute_ops(fwd, s.recompute, s.checkpoint_impl))
         comp, mem, comm, a2a, wgrad = (sum(x) for x in zip(*(_costs(ctx, ops) for ops in parts)))
         if s.overlap_moe_comm:
             slowed = kernels_beside_alltoalls_s(comp, a2a, run.hardware.device.num_sms)

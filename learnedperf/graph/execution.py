@@ -350,8 +350,18 @@ def layers_per_vstage(num_layers: int, pp: int, v: int = 1, v_shape: bool = Fals
     return counts
 
 
-def recompute_ops(fwd: list[Op], policy: str) -> list[Op]:
-    """Ops re-run before a backward under ``policy`` (full: the whole forward; selective: core attention)."""
+#: Host work a recomputation costs beyond one more forward of its ops, in forwards of them, by
+#: ``Strategy.checkpoint_impl``: the medians ``python experiments/checkpoint_overhead.py`` prints (tiny GPT, BERT
+#: and Llama layers on one CPU thread, fp32 and bf16 autocast, torch 2.13; non-reentrant 1.39-2.38, reentrant
+#: 0.02-0.55). The non-reentrant checkpoint's saved-tensor hooks cost the host in the forward too (1.5-1.7 times the
+#: plain forward there); all of it is charged to the recomputed ops, which a step without a pipeline times alike.
+CHECKPOINT_HOST_EXCESS = {"reentrant": 0.35, "non_reentrant": 1.90}
+
+
+def recompute_ops(fwd: list[Op], policy: str, impl: str = "reentrant") -> list[Op]:
+    """Ops re-run before a backward under ``policy`` (full: the whole forward; selective: core attention),
+    each charging the host 1 + :data:`CHECKPOINT_HOST_EXCESS` ``[impl]`` of its dispatches."""
+    weight = 1.0 + CHECKPOINT_HOST_EXCESS[impl]
     if policy == "full":
         keep = fwd
     elif policy == "selective":
@@ -360,7 +370,7 @@ def recompute_ops(fwd: list[Op], policy: str) -> list[Op]:
     else:
         return []
     return [Op(op.name + ".recompute", op.kind, "recompute", op.flops, op.bytes, op.dtype, op.shape, op.group,
-               op.causal, op.kernels, op.host_free, op.chained) for op in keep]
+               op.causal, op.kernels, op.host_free, op.chained, host_weight=op.host_weight * weight) for op in keep]
 
 
 @dataclass(frozen=True, slots=True)
@@ -566,7 +576,8 @@ def compile_run(run: RunSpec, num_microbatches: int | None = None) -> ExecutionG
                     else:
                         # Megatron recomputes transformer layers only, never the embedding or the LM head
                         layer = ops is dense_layer_fwd or ops is moe_layer_fwd
-                        bwd_memo[key] = (recompute_ops(ops, s.recompute) if layer else []) + backward_of(ops)
+                        bwd_memo[key] = ((recompute_ops(ops, s.recompute, s.checkpoint_impl) if layer else [])
+                                        + backward_of(ops))
                 bwd.append((bwd_memo[key], rep))
             chunks.append(Chunk(vs, cl.num_layers, fwd, bwd, cl.dense_params + cl.expert_params, cl.dense_params,
                                 cl.expert_params, cl.layer_params, cl.root_params))

@@ -62,6 +62,9 @@ class Op:
         bwd: ``(bytes, kernels, chained)`` of a memory-bound op's backward where it is not the convention of
             :func:`~learnedperf.graph.transformer.backward_of` (twice the forward's traffic, its kernels): an
             eager chain, whose autograd nodes each read and write their own tensors. None: the convention.
+        host_weight: host work of each of its dispatches, in dispatches: more than 1 where the framework does
+            more around the op than issue it (a recomputed op under ``torch.utils.checkpoint``,
+            :data:`~learnedperf.graph.execution.CHECKPOINT_HOST_EXCESS`).
     """
 
     name: str
@@ -77,17 +80,19 @@ class Op:
     host_free: bool = False
     chained: int = 0
     bwd: Optional[tuple] = None
+    host_weight: float = 1.0
 
     @property
-    def dispatches(self) -> int:
+    def dispatches(self) -> float:
         """Dispatches the host is charged for at a framework operator's rate (:func:`~learnedperf.cost.host_bound_s`):
-        ``kernels`` less the ``chained`` ones, or 0 when ``host_free``."""
-        return 0 if self.host_free else self.kernels - self.chained
+        ``kernels`` less the ``chained`` ones, times ``host_weight``, or 0 when ``host_free``."""
+        return 0 if self.host_free else (self.kernels - self.chained) * self.host_weight
 
     @property
-    def chained_dispatches(self) -> int:
-        """Kernels the host issues at the rate of a bare tensor operation (``chained``), 0 when ``host_free``."""
-        return 0 if self.host_free else self.chained
+    def chained_dispatches(self) -> float:
+        """Kernels the host issues at the rate of a bare tensor operation (``chained``), times ``host_weight``,
+        0 when ``host_free``."""
+        return 0 if self.host_free else self.chained * self.host_weight
 
     @property
     def is_comm(self) -> bool:

@@ -464,7 +464,8 @@ def run_dict(config: StepConfig, hardware: dict) -> dict:
     precision, fused attention (SDPA), recomputation, ZeRO / FSDP, the gradient
     bucket, whether gradient reduction overlapped backward and a MoE model's expert
     capacity factor (left out when dropless), when dropless ``moe_grouped_gemm`` false (the
-    experts run one at a time), and ``fused_elementwise`` false (the models run in eager PyTorch).
+    experts run one at a time), ``fused_elementwise`` false (the models run in eager PyTorch) and, with
+    recomputation, ``checkpoint_impl`` 'non_reentrant'.
     """
     plan = plan_step(config)
     return _run_dict(plan, hardware)
@@ -490,6 +491,8 @@ def _run_dict(plan: StepPlan, hardware: dict) -> dict:
         "zero_stage": 3 if sharded == "fsdp" else s["zero_stage"],
         # ZeRO-2 and -3 run on FSDP2 (per-layer gathers and reduce-scatters), whatever the config said
         "fsdp": sharded in ("zero2", "fsdp"), "recompute": s["recompute"], "precision": s["precision"],
+        # measure.models recomputes a layer with torch.utils.checkpoint(use_reentrant=False)
+        **({"checkpoint_impl": "non_reentrant"} if s["recompute"] != "none" else {}),
         # bf16 steps run the fp32 model under torch.autocast (no bf16 weights, no master copy)
         **({"mixed_precision": "autocast"} if s["precision"] == "bf16" else {}),
         "flash_attention": True, "grad_bucket_size_MiB": s["grad_bucket_size_MiB"],

@@ -6,8 +6,8 @@ changes, and a declared version number (``SIMULATOR_VERSION``) is only as good a
 it: it stayed at 0.1.0 through every change of the graph and of the host model. The fingerprint is the
 sha256 of the simulated iteration time, time breakdown and memory per device of a fixed set of reference
 runs (tensor, pipeline, sequence, context, expert and sharded data parallelism, interleaved and zero-bubble
-schedules, recomputation, autocast with eager element-wise chains, fp8 and fp32, on A100s, H100s and a
-V100). A change to the graph
+schedules, recomputation (and a host-bound step with a non-reentrant checkpoint), autocast with eager
+element-wise chains, fp8 and fp32, on A100s, H100s and a V100). A change to the graph
 builder, the simulator, the cost model or the catalog that moves any of them changes it; one that moves none
 of them (a device, dispatcher or schedule they do not use) does not: the set covers the common paths, not
 every path.
@@ -47,6 +47,10 @@ REFERENCE_RUNS: tuple[dict, ...] = (
      "strategy": {"tp": 8, "micro_batch_size": 2, "global_batch_size": 16, "precision": "fp8"}},
     {"id": "fp32-single", "model": "bert-large", "hardware": {"device": "V100-PCIE-32GB", "num_devices": 1},
      "strategy": {"micro_batch_size": 8, "global_batch_size": 8, "precision": "fp32"}},
+    # small enough that the host binds it: the host cost of a non-reentrant checkpoint shows
+    {"id": "host-bound-checkpoint", "model": "bert-base", "hardware": {"cluster": "dgx-h100", "num_devices": 1},
+     "strategy": {"micro_batch_size": 2, "global_batch_size": 2, "precision": "bf16", "mixed_precision": "autocast",
+                  "recompute": "full", "checkpoint_impl": "non_reentrant"}},
 )
 
 

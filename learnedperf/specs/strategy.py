@@ -19,7 +19,7 @@ PIPELINE_SCHEDULES: tuple[str, ...] = get_args(PipelineSchedule)
 EXPERT_DISPATCH_DEFAULTS = MappingProxyType({"moe_dispatcher": "alltoall", "overlap_moe_comm": False})
 #: :meth:`Strategy.omitted_defaults`, built once (read at every ``to_dict``, run ids included).
 _OMITTED_DEFAULTS = MappingProxyType({**EXPERT_DISPATCH_DEFAULTS, "moe_grouped_gemm": True,
-                                      "fused_elementwise": True})
+                                      "fused_elementwise": True, "checkpoint_impl": "reentrant"})
 
 #: Largest parallel size or micro-batch accepted: no run has more devices (``hardware.MAX_DEVICES``), and
 #: a bound turns absurd input into an error naming the field instead of a prediction.
@@ -75,6 +75,14 @@ class Strategy(Spec):
                     "num_distributed_optimizer_instances, DeepSpeed MiCS); 1 = states sharded over all dp·cp "
                     "ranks")
     recompute: Literal["none", "selective", "full"] = "none"
+    checkpoint_impl: Literal["reentrant", "non_reentrant"] = Field(
+        default="reentrant",
+        description="how recomputation re-runs a forward, which sets what it costs the host: 'reentrant' = the "
+                    "checkpointed forward runs without autograd and is run again inside backward (Megatron-LM's "
+                    "CheckpointFunction, torch.utils.checkpoint with use_reentrant=True); 'non_reentrant' = "
+                    "torch.utils.checkpoint with use_reentrant=False (saved-tensor hooks on every tensor the "
+                    "forward saves: learnedperf measure, PyTorch's checkpoint_wrapper). Needs recompute "
+                    "'selective' or 'full'")
     sequence_parallel: bool = False
     precision: Precision = "bf16"
     mixed_precision: Literal["master_weights", "autocast"] = Field(
@@ -154,6 +162,9 @@ class Strategy(Spec):
         if self.forward_only and self.recompute != "none":
             raise FieldValueError("forward_only", f"recomputation re-runs forwards for a backward; a forward-only "
                                                   f"step has none (recompute is {self.recompute!r})")
+        if self.checkpoint_impl != "reentrant" and self.recompute == "none":
+            raise FieldValueError("checkpoint_impl", f"checkpoint_impl {self.checkpoint_impl!r} says how a "
+                                                     "recomputation runs; recompute is 'none'")
         if self.dp_replicate > 1 and self.effective_zero_stage == 0:
             raise FieldValueError("dp_replicate", "hybrid sharding replicates sharded states: it needs zero_stage "
                                                   ">= 1 or fsdp (without sharding every rank holds a replica)")
@@ -179,7 +190,8 @@ class Strategy(Spec):
 
     def omitted_defaults(self) -> dict:
         """The expert-dispatch keys at their defaults (:data:`EXPERT_DISPATCH_DEFAULTS`), ``moe_grouped_gemm``
-        and ``fused_elementwise`` at true: runs written before these keys existed keep their JSON and run id."""
+        and ``fused_elementwise`` at true, ``checkpoint_impl`` 'reentrant': runs written before these keys
+        existed keep their JSON and run id."""
         return _OMITTED_DEFAULTS
 
     @property
