@@ -38,7 +38,7 @@ def _plots(report: dict, out_dir: Path) -> list[Path]:
 
     out_dir.mkdir(parents=True, exist_ok=True)
     preds = report["predictions"]
-    best, _means = choose_method(report)
+    best, _means, _why = choose_method(report)
     splits = [s for s, e in report["splits"].items() if "methods" in e]
     shown = ["simulator"] + ([best] if best != "simulator" else [])
     cols = min(4, len(splits))
@@ -117,8 +117,8 @@ def main() -> int:
     for metric, title in (("mape", "MAPE of iteration time (%)"), ("kendall_tau", "Kendall tau over strategies"),
                           ("top1_regret", "top-1 regret"), ("coverage", "90 % interval coverage")):
         print(f"\n{title}\n\n{format_table(report, metric)}")
-    best, means = choose_method(report)
-    print(f"\nmean MAPE over the unseen criteria (device splits averaged first): {means}; best: {best}")
+    best, means, why = choose_method(report)
+    print(f"\nmean MAPE over the unseen criteria (device splits averaged first): {means}; best: {best} ({why})")
     for path in _plots(report, Path(args.figures)):
         print(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
     return 0

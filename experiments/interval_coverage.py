@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         unknown = [m for m in methods if m not in report["methods"]]
         if unknown:
             raise InputError(f"method(s) {unknown} are not in the report ({', '.join(report['methods'])})")
-        chosen, _ = choose_method(report)
+        chosen, _, _ = choose_method(report)
         print(f"90 % interval on held-out runs of {args.report}; target coverage {args.coverage:.2f}; "
               f"'learnedperf train --method auto' ships {chosen}\n")
         print(table(report, methods, args.coverage))

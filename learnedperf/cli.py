@@ -243,7 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, metavar="DIR", help="checkpoint directory to write")
     p.add_argument("--method", default="auto", metavar="NAME",
                    help="method to ship, or 'auto': the lowest mean MAPE over the unseen criteria (device, scale, "
-                        "family, strategy) of --evaluation")
+                        "family, strategy) of --evaluation; of methods within one standard error of their "
+                        "split differences of it, the lowest worst split")
     p.add_argument("--evaluation", metavar="REPORT.json", help="report of 'learnedperf evaluate': picks --method auto, "
                                                                 "calibrates intervals of novel runs, and its tables "
                                                                 "are copied into the manifest")
@@ -1001,10 +1002,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
             raise UsageError(f"{prog}: error: --method auto needs --evaluation REPORT.json "
                              "(or name a method: " + ", ".join(METHODS) + ")")
         try:
-            method, means = choose_method(report)
+            method, means, why = choose_method(report)
         except (InputError, KeyError, TypeError) as exc:
             raise UsageError(f"{prog}: error: --evaluation {args.evaluation}: {exc}") from None
-        chosen_by = f"lowest mean MAPE over the unseen criteria of {os.path.basename(args.evaluation)}"
+        chosen_by = f"{why} of {os.path.basename(args.evaluation)}"
     elif method not in METHODS:
         raise UsageError(f"{prog}: error: unknown --method {method!r} (choose from auto, {', '.join(METHODS)})")
     gnn = _gnn_params(args, prog)

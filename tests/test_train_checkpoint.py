@@ -358,7 +358,7 @@ def _report(methods: dict) -> dict:
 def test_choose_method_uses_unseen_splits_only():
     from learnedperf.models.pipeline import choose_method
 
-    best, means = choose_method(_report({"simulator": 8.0, "gnn_residual": 6.5}))
+    best, means, _ = choose_method(_report({"simulator": 8.0, "gnn_residual": 6.5}))
     assert best == "gnn_residual" and means == {"simulator": 8.0, "gnn_residual": 6.5}
     with pytest.raises(InputError, match="scores no method"):
         choose_method({"methods": ["simulator"], "splits": {}})
@@ -377,7 +377,7 @@ def test_choose_method_weighs_criteria_not_device_splits():
                          "unseen_device:Xeon": split({"a": 2.0, "b": 5.0}),
                          "unseen_device:V100": split({"a": 2.0, "b": 5.0}),
                          "unseen_scale": split({"a": 10.0, "b": 5.0})}}
-    best, means = choose_method(report)
+    best, means, _ = choose_method(report)
     assert best == "b" and means == {"a": 6.0, "b": 5.0}
 
 
@@ -392,8 +392,37 @@ def test_choose_method_counts_the_held_out_hopper_as_a_device():
     report = {"methods": ["a", "b"], "predictions": [],
               "splits": {"unseen_device:A100": split({"a": 2.0, "b": 5.0}),
                          "unseen_device:Hopper": split({"a": 12.0, "b": 5.0})}}
-    best, means = choose_method(report)
+    best, means, _ = choose_method(report)
     assert best == "b" and means == {"a": 7.0, "b": 5.0}
+
+
+def test_choose_method_breaks_a_near_tie_by_the_worst_split():
+    """A lead smaller than the standard error of the split differences is a tie, and the lower worst split wins;
+    a lead beyond it stands. With b's scale split at 10.79, "a" leads "b" by 0.04 points over the four criteria
+    while losing the V100 by 8 points: differences (b - a) 0.5, 0.5, -8, 0.5, 0.5, 0.5, 0.79, standard error
+    1.22. With it at 30, a leads by 4.84 points, differences ... 20, standard error 3.22."""
+    from learnedperf.models.pipeline import choose_method
+
+    def split(mapes):
+        return {"test_measured": 3, "methods": {m: {"mape": v} for m, v in mapes.items()}}
+
+    def report(b_scale):
+        return {"methods": ["a", "b"], "predictions": [],
+                "splits": {"unseen_device:A100": split({"a": 10.0, "b": 10.5}),
+                           "unseen_device:Xeon": split({"a": 7.0, "b": 7.5}),
+                           "unseen_device:V100": split({"a": 20.9, "b": 12.9}),
+                           "unseen_device:T4": split({"a": 9.0, "b": 9.5}),
+                           "unseen_family": split({"a": 10.0, "b": 10.5}),
+                           "unseen_strategy": split({"a": 8.0, "b": 8.5}),
+                           "unseen_scale": split({"a": 10.0, "b": b_scale})}}
+
+    best, means, why = choose_method(report(30.0))
+    # devices (11.725 vs 10.1), family, strategy, scale: a (11.725+10+8+10)/4 = 9.93125, b (10.1+10.5+8.5+30)/4
+    assert means == {"a": 9.931, "b": 14.775}
+    assert best == "a" and why == "lowest mean MAPE over the unseen criteria"
+    best, means, why = choose_method(report(10.79))
+    assert means["b"] - means["a"] < 0.05
+    assert best == "b" and "lowest worst unseen split (12.90 %)" in why and "a 9.93 (worst 20.90)" in why
 
 
 def test_merge_reports():
