@@ -401,10 +401,10 @@ def global_feature_vector(spec: Any, sim_time_ms: float, breakdown_ms: Mapping[s
     # step's time cannot depend on its links, and a learned correction that saw them told apart devices of
     # equal rates by their link figures (the MI250X GCD, whose catalog entry has a link, came out 8-12 %
     # behind the MI250 GCD, whose entry has none: experiments/device_dominance.py)
-    for level, used in (("intra", hw.node_size > 1), ("inter", hw.num_nodes > 1)):
+    for level in ("intra", "inter"):
         bw = hw.used_link_bandwidth_GBps(level)
         cols[f"log_{level}_node_bw_Bps"] = math.log(bw * 1e9) if bw else 0.0
-        cols[f"{level}_node_bw_unknown"] = float(used and not bw)
+        cols[f"{level}_node_bw_unknown"] = float(hw.uses_link_level(level) and not bw)
     for z in _ZERO_STAGES:
         cols[f"zero_stage={z}"] = float(s.effective_zero_stage == z)
     cols["fsdp"] = float(s.fsdp)

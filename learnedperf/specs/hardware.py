@@ -199,14 +199,17 @@ class HardwareSpec(Spec):
         """Devices in one node actually used (a single partial node counts as one)."""
         return min(self.devices_per_node, self.num_devices)
 
-    def used_link_bandwidth_GBps(self, level: str) -> Optional[float]:
-        """Bandwidth of the ``level`` (``"intra"`` or ``"inter"``) node links where the run's devices use that
-        level (more than one device in a node; more than one node), else None, whatever the spec says of it:
-        a run cannot depend on links it does not use."""
+    def uses_link_level(self, level: str) -> bool:
+        """Whether the run's devices use the ``level`` (``"intra"`` or ``"inter"``) node links: more than one
+        device in a node, more than one node."""
         if level not in ("intra", "inter"):
             raise ValueError(f"level: expected 'intra' or 'inter', got {level!r}")
-        used = self.node_size > 1 if level == "intra" else self.num_nodes > 1
-        return getattr(self, f"{level}_node_bandwidth_GBps") if used else None
+        return self.node_size > 1 if level == "intra" else self.num_nodes > 1
+
+    def used_link_bandwidth_GBps(self, level: str) -> Optional[float]:
+        """Bandwidth of the ``level`` node links where the run uses that level (:meth:`uses_link_level`), else
+        None, whatever the spec says of it: a run cannot depend on links it does not use."""
+        return getattr(self, f"{level}_node_bandwidth_GBps") if self.uses_link_level(level) else None
 
     def assumptions(self) -> list[str]:
         """What was filled in for this hardware rather than given (one sentence each; empty when nothing was)."""
