@@ -9,7 +9,9 @@
   (T4, P4: ``cost.params.slot_powered``), with the other two constants held.
 * NVLink collectives (vTrain's NCCL all-reduce tables on 2-8 A100s):
   ``t = 2(n-1)·α + 2(n-1)/n·S / (η·B_NVLink)`` → ``alpha_intra_us``,
-  ``link_efficiency_intra``.
+  ``link_efficiency_intra``. A call's fixed time beside them (``collective_base_us``) fits the tables
+  better but not whole steps; it ships at 0 (:func:`fit_nvlink_allreduce_base`,
+  ``experiments/allreduce_base.py``).
 
 * Fused attention (the project's own GPU operator records, ``datasets/measured/*/ops_cuda.parquet``:
   torch SDPA kernels in bf16/fp16 over a GFLOP): the roofline attention model, a head of ``d`` reaching
@@ -130,8 +132,9 @@ def fit_gemm_fp32(ops, memory_eff: float, launch_us: float, tile: int = 128,
                             "share": np.array([1.0])})
 
 
-def fit_nvlink_allreduce(data_dir: Path) -> dict[str, float]:
-    """Fit ``alpha_intra_us`` and ``link_efficiency_intra`` on vTrain's A100 NCCL all-reduce tables."""
+def _allreduce_tables(data_dir: Path):
+    """vTrain's A100 NCCL all-reduce tables, 2-8 GPUs: bytes, seconds, GPUs (arrays) and NVLink3's
+    data-sheet bandwidth per direction (bytes/s)."""
     from ..catalog import get_device
 
     link = get_device("A100-SXM4-80GB")["intra_node_bandwidth_GBps"] * 1e9
@@ -142,7 +145,12 @@ def fit_nvlink_allreduce(data_dir: Path) -> dict[str, float]:
         xs.append(rows[:, 0])
         ys.append(rows[:, 1] * 1e-9)
         ns.append(np.full(len(rows), n))
-    S, t, n = np.concatenate(xs), np.concatenate(ys), np.concatenate(ns)
+    return np.concatenate(xs), np.concatenate(ys), np.concatenate(ns), link
+
+
+def fit_nvlink_allreduce(data_dir: Path) -> dict[str, float]:
+    """Fit ``alpha_intra_us`` and ``link_efficiency_intra`` on vTrain's A100 NCCL all-reduce tables."""
+    S, t, n, link = _allreduce_tables(data_dir)
     y = np.log(t)
 
     def loss(p):
@@ -150,6 +158,38 @@ def fit_nvlink_allreduce(data_dir: Path) -> dict[str, float]:
         return float(np.mean(np.abs(np.log(pred) - y)))
 
     return _grid_fit(loss, {"eff": np.linspace(0.4, 1.0, 61), "alpha_us": np.linspace(0.5, 15.0, 59)})
+
+
+def fit_nvlink_allreduce_base(data_dir: Path, base_grid_us=None) -> dict[str, float]:
+    """Fit a collective call's fixed time beside the per-step latency and the link efficiency on the same
+    tables: ``t = base + 2(n-1)·α + 2(n-1)/n·S / (η·B_NVLink)`` → ``base_us`` (``collective_base_us``),
+    ``alpha_us``, ``eff``. Not shipped: ``experiments/allreduce_base.py`` compares it with
+    :func:`fit_nvlink_allreduce` on the tables and on whole steps.
+
+    The loss is the mean absolute log error with each row weighted by ``1/S``: the tables step the size
+    by 1 MB, so an unweighted mean is three quarters messages over 256 MB, and a training step's
+    collectives (a tensor-parallel layer's activations, a data-parallel bucket: 4-100 MB) would count
+    for little. Returns the fit, its weighted (``_mean_abs_log_error``) and unweighted
+    (``_row_mean_abs_log_error``) errors. ``base_grid_us``: the fixed times tried (default 0-60 µs by 1;
+    ``[0]`` fits the shipped two-term form under this loss).
+    """
+    S, t, n, link = _allreduce_tables(data_dir)
+    y = np.log(t)
+    w = (1.0 / S) / np.sum(1.0 / S)
+    effs = np.round(np.linspace(0.5, 1.0, 51), 3)
+    volume_s = (2 * (n - 1) / n * S / link)[None, :] / effs[:, None]  # every efficiency at once
+    best = (math.inf, 0.0, 0.0, 0.0)
+    for base_us in np.linspace(0.0, 60.0, 61) if base_grid_us is None else base_grid_us:
+        for alpha_us in np.linspace(0.0, 15.0, 61):
+            lat = (base_us + 2 * (n - 1) * alpha_us) * 1e-6
+            losses = np.abs(np.log(lat[None, :] + volume_s) - y[None, :]) @ w
+            i = int(np.argmin(losses))
+            if losses[i] < best[0]:
+                best = (float(losses[i]), float(effs[i]), float(alpha_us), float(base_us))
+    fit = {"eff": best[1], "alpha_us": best[2], "base_us": best[3], "_mean_abs_log_error": best[0]}
+    pred = (fit["base_us"] + 2 * (n - 1) * fit["alpha_us"]) * 1e-6 + 2 * (n - 1) / n * S / (link * fit["eff"])
+    fit["_row_mean_abs_log_error"] = float(np.mean(np.abs(np.log(pred) - y)))
+    return fit
 
 
 _DIRECTION_PHASE = {"fwd": "fwd", "bwd": "bwd", "fwd+bwd": "bwd", "opt": "opt"}

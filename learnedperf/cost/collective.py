@@ -22,6 +22,13 @@ network latency, as this model did before, made a reduce-scatter plus an all-gat
 with the data-parallel size. NCCL's tree (double binary tree across nodes, a chain inside)
 takes ``2(k-1)`` intra steps plus ``2·log2(N)`` inter steps and moves about ``2·S/k`` per
 rank's network share. The faster of the two is used, as NCCL's tuner does.
+
+Every collective call also costs a fixed ``base`` whatever its ranks and size (kernel launch and the
+ranks' handshake; NCCL's tuner has a base latency per algorithm beside the per-hop one). Without it,
+the per-step latency fitted on NCCL's all-reduce tables has to stand for both: vTrain's A100 tables
+(1 MB: 44 µs on 2 GPUs, 93 µs on 8) then put too little latency on small groups and too much on
+large ones (``learnedperf.cost.calibrate.fit_nvlink_allreduce_base``). Whole steps say otherwise, so
+the shipped base is 0 (``CostParams.collective_base_us``, ``experiments/allreduce_base.py``).
 """
 
 from __future__ import annotations
@@ -33,8 +40,17 @@ from .base import CommCost
 
 
 def collective_cost(op: Op, alpha_intra_s: float, alpha_inter_s: float, bw_intra_Bps: float,
-                    bw_inter_Bps: float) -> CommCost:
-    """Latency and bytes per level of collective ``op`` (see module docstring)."""
+                    bw_inter_Bps: float, base_s: float = 0.0) -> CommCost:
+    """Latency and bytes per level of collective ``op`` (see module docstring); ``base_s`` is the fixed
+    time of one call, added to the latency of every kind."""
+    c = _collective_cost(op, alpha_intra_s, alpha_inter_s, bw_intra_Bps, bw_inter_Bps)
+    if base_s and c.algorithm != "none":
+        c = CommCost(c.latency_s + base_s, c.intra_bytes, c.inter_bytes, c.algorithm)
+    return c
+
+
+def _collective_cost(op: Op, alpha_intra_s: float, alpha_inter_s: float, bw_intra_Bps: float,
+                     bw_inter_Bps: float) -> CommCost:
     g = op.group
     S = op.bytes
     if g is None or g.size <= 1 or S <= 0:

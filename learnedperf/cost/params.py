@@ -59,6 +59,15 @@ class CostParams:
         link_efficiency_intra / link_efficiency_inter: fraction of data-sheet link bandwidth a
             collective reaches (NCCL bus bandwidth / link bandwidth).
         alpha_intra_us / alpha_inter_us: per-step latency of a ring collective inside / across nodes.
+        collective_base_us: fixed time of one collective call whatever its ranks and size (NCCL's
+            kernel launch and the ranks' handshake; NCCL's own tuner models a base latency per algorithm
+            beside the per-hop one, ``src/graph/tuning.cc``), charged once per collective on links the
+            run takes from the catalog. A hardware spec that states its link latencies (measured with
+            :func:`~learnedperf.measure.bench.fit_link`, whose two-term fit folds the fixed time into its
+            per-step latency) is charged none. 0 (the default; not in ``params.json``): a collective's
+            latency is its steps' alone. Left at 0 because, fitted beside ``alpha_intra_us`` on NCCL's
+            all-reduce tables, it fits them better but raises the simulator's error on whole steps
+            (``experiments/allreduce_base.py``).
         curve_efficiency: on a device described by measurement (one that carries kernel curves), the
             share of an isolated kernel's measured rate a GEMM or fused attention keeps inside a
             training step, one value for every dtype. Shipped: 1, not fitted (the curve at face value).
@@ -94,6 +103,7 @@ class CostParams:
     link_efficiency_inter: float = 0.8
     alpha_intra_us: float = 5.0
     alpha_inter_us: float = 10.0
+    collective_base_us: float = 0.0
     curve_efficiency: Optional[float] = None
     curve_memory_efficiency: Optional[float] = None
     slot_power_compute_share: float = 1.0

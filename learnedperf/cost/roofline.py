@@ -76,6 +76,9 @@ class RooflineCost(CostModel):
         lat_inter = hardware.inter_node_latency_us
         self._a_intra = (self.p.alpha_intra_us if lat_intra is None else lat_intra) * 1e-6
         self._a_inter = (self.p.alpha_inter_us if lat_inter is None else lat_inter) * 1e-6
+        # a measured link latency (fit_link's two terms) already holds a call's fixed time
+        measured_latency = lat_intra is not None or lat_inter is not None
+        self._base = 0.0 if measured_latency else self.p.collective_base_us * 1e-6
 
     # ----------------------------------------------------------- compute
     def _peak_flops(self, dtype: str, kind: str) -> tuple[float, float]:
@@ -194,7 +197,8 @@ class RooflineCost(CostModel):
                 self.link_bandwidth_Bps("intra")
             if g.nodes > 1:
                 self.link_bandwidth_Bps("inter")
-        c = collective_cost(op, self._a_intra, self._a_inter, self._bw_intra or 1.0, self._bw_inter or 1.0)
+        c = collective_cost(op, self._a_intra, self._a_inter, self._bw_intra or 1.0, self._bw_inter or 1.0,
+                            self._base)
         ratio = self.hw.busbw_ratio(op.kind)
         if ratio != 1.0:
             # a collective at a fraction of all-reduce's bus bandwidth takes as long as 1/ratio the bytes
