@@ -29,3 +29,24 @@ def load_predictor(path: Optional[str], prog: str):
         return Predictor.load(path)
     except LearnedPerfError as exc:
         raise SystemExit(f"{prog}: error: {exc}") from None
+
+
+def tiers_of(predictor, prog: str) -> tuple[str, ...]:
+    """The tiers ``predictor``'s checkpoint answers: ``("full", "fast")``, or ``("full",)`` for one trained
+    without a surrogate (``learnedperf train --surrogate-runs 0``), which is said once on stdout."""
+    if predictor.checkpoint.surrogate is not None:
+        return ("full", "fast")
+    print(f"{prog}: checkpoint {predictor.source} has no surrogate (trained with --surrogate-runs 0): "
+          "the fast tier is not scored")
+    return ("full",)
+
+
+def require_fast_tier(predictor, prog: str) -> None:
+    """Exit with one line naming the checkpoint where it has no surrogate (the script measures the fast tier).
+
+    Raises:
+        SystemExit: no surrogate; the message goes to stderr and the exit status is 1.
+    """
+    if predictor.checkpoint.surrogate is None:
+        raise SystemExit(f"{prog}: error: checkpoint {predictor.source} has no surrogate (trained with "
+                         "--surrogate-runs 0), and this script measures the fast tier")

@@ -24,6 +24,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from _checkpoint import add_checkpoint_argument, load_predictor, tiers_of
 
 def _line(name: str, rows: list[tuple[float, float, float, float]]) -> str:
     """``rows``: (measured, predicted, lower, upper) ms."""
@@ -40,11 +41,10 @@ def main(argv: list[str]) -> int:
     import pandas as pd
 
     from learnedperf.measure.records import verify_manifest
-    from learnedperf.predict import Predictor
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("dataset", type=Path)
-    ap.add_argument("--checkpoint", type=Path, default=None, help="checkpoint directory (default: the shipped one)")
+    add_checkpoint_argument(ap)
     args = ap.parse_args(argv)
     verify_manifest(args.dataset)
     files = sorted(args.dataset.glob("steps_*.parquet"))
@@ -52,7 +52,8 @@ def main(argv: list[str]) -> int:
         print(f"error: {args.dataset}: no steps_*.parquet", file=sys.stderr)
         return 2
     steps = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
-    predictor = Predictor.load(args.checkpoint)
+    predictor = load_predictor(args.checkpoint, "checkpoint_on_measured")
+    has_fast = "fast" in tiers_of(predictor, "checkpoint_on_measured")
     manifest = predictor.checkpoint.manifest
     seen = set((manifest.get("interval", {}).get("domain") or {}).get("devices", []))
     runs = [json.loads(r) for r in steps["run"]]
@@ -67,7 +68,8 @@ def main(argv: list[str]) -> int:
         print(f"scoring the {len(keep)} steps on devices the checkpoint did not train on")
 
     full = predictor.predict_many([runs[i] for i in keep], tier="full", errors="return")
-    fast = predictor.predict_many([runs[i] for i in keep], tier="fast", errors="return")
+    fast = predictor.predict_many([runs[i] for i in keep], tier="fast", errors="return") if has_fast else \
+        [{} for _ in keep]
     # a step the run format cannot express (the grid's MLP steps: no transformer) fails in both tiers alike
     failed = defaultdict(int)
     for p in full:
@@ -81,7 +83,8 @@ def main(argv: list[str]) -> int:
     measured = [float(steps["iteration_time_ms"].iloc[i]) for i in keep]
     tiers = {
         "full tier": [(m, p["iteration_time_ms"], *p["interval_ms"]) for m, p in zip(measured, full)],
-        "fast tier": [(m, p["iteration_time_ms"], *p["interval_ms"]) for m, p in zip(measured, fast)],
+        **({"fast tier": [(m, p["iteration_time_ms"], *p["interval_ms"]) for m, p in zip(measured, fast)]}
+           if has_fast else {}),
         # the simulator on the same costs, no learned correction and so no interval
         "simulator": [(m, p["simulator_iteration_time_ms"], math.nan, math.nan) for m, p in zip(measured, full)],
     }

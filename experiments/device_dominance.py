@@ -19,6 +19,8 @@ import itertools
 import sys
 import time
 
+from _checkpoint import add_checkpoint_argument, load_predictor, tiers_of
+
 #: Single-device training steps (model, micro-batch = global batch, precision) checked on every pair.
 RUNS = (("gpt2-medium", 8, "fp32"), ("gpt2-medium", 8, "bf16"), ("gpt3-2.7b", 8, "fp16"), ("llama-2-7b", 1, "bf16"))
 
@@ -36,16 +38,15 @@ def dominates(a: dict, b: dict) -> bool:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--checkpoint", help="checkpoint directory (default: checkpoints/default)")
+    add_checkpoint_argument(ap)
     ap.add_argument("--tolerance", type=float, default=0.0,
                     help="relative excess tolerated before a prediction counts as breaking the order")
     args = ap.parse_args(argv)
     from learnedperf.catalog import get_device, names
     from learnedperf.errors import LearnedPerfError
-    from learnedperf.predict import Predictor
 
     t0 = time.perf_counter()
-    predictor = Predictor.load(args.checkpoint)
+    predictor = load_predictor(args.checkpoint, "device_dominance")
     devices = {n: get_device(n) for n in names("devices")}
     pairs = [(a, b) for a, b in itertools.permutations(sorted(devices), 2) if dominates(devices[a], devices[b])]
     times: dict = {}
@@ -64,7 +65,7 @@ def main(argv=None) -> int:
 
     print(f"checkpoint {predictor.source}: {len(pairs)} ordered pairs of catalog devices where the first "
           f"dominates the second; runs: {', '.join(f'{m} batch {b} {p}' for m, b, p in RUNS)}")
-    for tier in ("full", "fast"):
+    for tier in tiers_of(predictor, "device_dominance"):
         compared, broken = 0, []
         for a, b in pairs:
             for run in RUNS:

@@ -29,7 +29,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from _checkpoint import add_checkpoint_argument, load_predictor
+from _checkpoint import add_checkpoint_argument, load_predictor, require_fast_tier
 
 
 def sources() -> dict[str, list[tuple[dict, float]]]:
@@ -60,6 +60,7 @@ def main(argv=None) -> int:
     from learnedperf.errors import LearnedPerfError
 
     predictor = load_predictor(args.checkpoint, "fast_tier")
+    require_fast_tier(predictor, "fast_tier")
     fid = predictor.checkpoint.manifest.get("surrogate_fidelity") or {}
     near = fid.get("near") or {}
     print(f"checkpoint {predictor.source}: held-out distilled runs, fast vs full MAPE "

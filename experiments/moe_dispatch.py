@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from _checkpoint import add_checkpoint_argument, load_predictor
+from _checkpoint import add_checkpoint_argument, load_predictor, tiers_of
 
 GPUS, SEQUENCES, SEQ = 2048, 15360, 4096
 GPU_HOURS_PER_TRILLION = 180_000  # DeepSeek-V3 report, section 1
@@ -47,6 +47,7 @@ def main(argv=None) -> int:
     from learnedperf.simulate import simulate
 
     predictor = load_predictor(args.checkpoint, "moe_dispatch")
+    has_fast = "fast" in tiers_of(predictor, "moe_dispatch")
     seconds_per_trillion = GPU_HOURS_PER_TRILLION / GPUS * 3600.0
     implied_s = SEQUENCES * SEQ / (1e12 / seconds_per_trillion)
     print(f"DeepSeek-V3, {GPUS} H800, pp 16, ep 64, ZeRO-1, fp8, {SEQUENCES} x {SEQ} tokens a step")
@@ -56,8 +57,11 @@ def main(argv=None) -> int:
         run = {**RUN, "strategy": {**RUN["strategy"], **knobs}}
         sim_s = simulate(run).iteration_time_s
         full_s = predictor.predict(run, tier="full")["iteration_time_ms"] / 1e3
-        fast_s = predictor.predict(run, tier="fast")["iteration_time_ms"] / 1e3
-        print(f"{label:24s} {sim_s:9.1f}s {full_s:7.1f}s {fast_s:7.1f}s {fast_s / implied_s:11.2f}x")
+        if has_fast:
+            fast_s = predictor.predict(run, tier="fast")["iteration_time_ms"] / 1e3
+            print(f"{label:24s} {sim_s:9.1f}s {full_s:7.1f}s {fast_s:7.1f}s {fast_s / implied_s:11.2f}x")
+        else:
+            print(f"{label:24s} {sim_s:9.1f}s {full_s:7.1f}s {'-':>8s} {'-':>12s}")
     return 0
 
 

@@ -30,7 +30,7 @@ import numpy as np
 from learnedperf.measure.public import load_sc21, load_vtrain
 from learnedperf.predict import Predictor, enumerate_strategies
 
-from _checkpoint import add_checkpoint_argument, load_predictor
+from _checkpoint import add_checkpoint_argument, load_predictor, tiers_of
 
 
 #: vTrain's Megatron-DeepSpeed runs: no fused attention, gradient reduction after the backward
@@ -87,7 +87,7 @@ def main() -> None:
     print(f"vTrain: {len(groups)} groups (model, GPUs, global batch) with >= 2 measured strategies "
           f"({min(sizes)}-{max(sizes)} strategies, {sum(sizes)} runs); checkpoint {predictor.source} "
           "(vTrain is in its training data: in-sample)")
-    for tier in ("fast", "full"):
+    for tier in tiers_of(predictor, "search_regret")[::-1]:
         regret, rnd, stated, hit = rank_regret(predictor, groups, tier)
         print(f"  rank, {tier} tier: top-1 regret {_summary(regret)}; random pick: {_summary(rnd)}")
         # is the stated confidence calibrated? bins of stated P(fastest) against how often the pick was the best
