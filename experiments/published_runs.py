@@ -39,8 +39,9 @@ def scale_bucket(n: int) -> str:
     return "1-8" if n <= 8 else "9-63" if n < 64 else "64-512" if n <= 512 else ">512"
 
 
-def summarise(label: str, rows: list[dict]) -> str:
-    """One line: count, MAPE of the simulator / full tier / fast tier, signed bias, coverage of both tiers."""
+def summarise(label: str, rows: list[dict], width: int = 30) -> str:
+    """One line: count, MAPE of the simulator / full tier / fast tier, signed bias, coverage of both tiers;
+    ``label`` padded to ``width`` characters (never cut: two frameworks that share a prefix stay apart)."""
     def mape(key):
         return np.mean([abs(r[key] / r["measured_ms"] - 1) for r in rows]) * 100
 
@@ -51,7 +52,7 @@ def summarise(label: str, rows: list[dict]) -> str:
     else:
         inside_fast = sum(r["fast_lo_ms"] <= r["measured_ms"] <= r["fast_hi_ms"] for r in rows)
         fast, fast_cov = f"fast {mape('fast_ms'):5.1f} %", f"fast {inside_fast}/{len(rows)}"
-    return (f"{label[:30]:30s} n={len(rows):4d}  MAPE simulator {mape('simulator_ms'):5.1f} %  "
+    return (f"{label:{width}s} n={len(rows):4d}  MAPE simulator {mape('simulator_ms'):5.1f} %  "
             f"full {mape('full_ms'):5.1f} %  {fast}  bias {bias:+.3f}  "
             f"coverage full {inside}/{len(rows)}, {fast_cov}")
 
@@ -116,15 +117,17 @@ def main(argv=None) -> int:
         print("no run could be predicted", file=sys.stderr)
         return 1
     print(f"\nsource: checkpoint {predictor.source}; bias = mean log(full tier / measured)")
-    print(summarise("all", rows))
+    lines = [("all", rows)]
     for key, name in (("framework", "framework"), ("device", "device"), ("num_gpus", "GPUs"),
                       ("target_from", "time from")):
         groups = defaultdict(list)
         for r in rows:
             groups[scale_bucket(r[key]) if key == "num_gpus" else r[key]].append(r)
         if len(groups) > 1:
-            for g in sorted(groups, key=str):
-                print(summarise(f"  {name} {g}", groups[g]))
+            lines += [(f"  {name} {g}", groups[g]) for g in sorted(groups, key=str)]
+    width = max(30, *(len(label) for label, _ in lines))
+    for label, members in lines:
+        print(summarise(label, members, width))
     # order: Kendall τ between predicted and measured times over the strategies of one (model, device,
     # GPU count, global batch) — the planner's question — where a table holds three or more of them
     taus = []
