@@ -358,7 +358,7 @@ def test_a_cuda_step_runs_in_one_process():
 
 def test_the_gpu_grid_is_one_process_runs_of_valid_specs():
     grid = step_grid(device="cuda")
-    assert len(grid) == 46 and {c.device for c in grid} == {"cuda"} and {c.world_size for c in grid} == {1}
+    assert len(grid) == 49 and {c.device for c in grid} == {"cuda"} and {c.world_size for c in grid} == {1}
     assert len({c.label() for c in grid}) == len(grid)
     for config in grid:
         run = run_dict(config, H100)
@@ -368,10 +368,19 @@ def test_the_gpu_grid_is_one_process_runs_of_valid_specs():
     tiny_llama = next(c for c in grid if c.model["name"] == "tinyllama-1.1b-like")
     assert ModelSpec.model_validate(
         {k: v for k, v in tiny_llama.model.items() if k != "name"}).num_params() == pytest.approx(1.1e9, rel=0.01)
-    # GPU-sized (21) and small (25) steps in turns: a time budget that runs out leaves some of each
+    # Llama 3 8B's first 4 layers: its 8.03B parameters less 28 of its 32 layers (each 218.1M: q and o 4096²,
+    # k and v 4096·1024, a SwiGLU MLP 3·4096·14336, two norms) = 1.92B
+    layer = 2 * 4096**2 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096
+    llama3 = next(c for c in grid if c.model["name"] == "llama-3-8b-4-layers-like")
+    assert ModelSpec.model_validate({k: v for k, v in llama3.model.items() if k != "name"}).num_params() == \
+        pytest.approx(8.03e9 - 28 * layer, rel=0.01)
+    # the large layers first, in bf16; then GPU-sized (21) and small (25) steps in turns: a time budget that runs
+    # out leaves some of each
     from learnedperf.measure.steps import GPU_GRID_MODELS
 
-    assert [c.model["name"] in GPU_GRID_MODELS for c in grid] == [True, False] * 21 + [False] * 4
+    assert [c.model["name"] == "llama-3-8b-4-layers-like" for c in grid[:3]] == [True] * 3
+    assert {c.strategy.get("precision") for c in grid[:3]} == {"bf16"}
+    assert [c.model["name"] in GPU_GRID_MODELS for c in grid[3:]] == [True, False] * 21 + [False] * 4
     quick = step_grid(quick=True, device="cuda")
     assert [c.world_size for c in quick] == [1, 1]
     with pytest.raises(InputError, match="device: expected 'cpu' or 'cuda'"):

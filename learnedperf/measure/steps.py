@@ -1293,7 +1293,9 @@ def _timing_for(name: str) -> dict:
 #: predictor is asked about: GPT-2 medium (Radford et al. 2019: 24 layers, d 1024, 16 heads, 1,024 tokens;
 #: vocabulary padded to 50,304 as nanoGPT pads it), BERT-large (Devlin et al. 2019: 24 layers, d 1024, 16 heads,
 #: 512 tokens, 30,522 word pieces) and TinyLlama-1.1B (its config.json: 22 layers, d 2048, 32 heads, 4 KV
-#: heads, FFN 5,632, 32,000 tokens; 2,048 positions).
+#: heads, FFN 5,632, 32,000 tokens; 2,048 positions). The first four layers of Llama 3 8B (its config.json: d 4096,
+#: 32 heads, 8 KV heads, FFN 14,336, 128,256 tokens; 4,096 of its 8,192 positions) put the GEMMs, fused attention
+#: and vocabulary of today's models in a step, at the sizes a large model's layers have: 1.92B parameters.
 GPU_GRID_MODELS: dict[str, dict] = {
     "gpt2-medium-like": {"arch": "gpt", "num_layers": 24, "hidden_size": 1024, "num_attention_heads": 16,
                          "vocab_size": 50304, "seq_length": 1024},
@@ -1301,7 +1303,15 @@ GPU_GRID_MODELS: dict[str, dict] = {
                         "vocab_size": 30522, "seq_length": 512},
     "tinyllama-1.1b-like": {"arch": "llama", "num_layers": 22, "hidden_size": 2048, "num_attention_heads": 32,
                             "num_kv_heads": 4, "ffn_hidden_size": 5632, "vocab_size": 32000, "seq_length": 2048},
+    "llama-3-8b-4-layers-like": {"arch": "llama", "num_layers": 4, "hidden_size": 4096, "num_attention_heads": 32,
+                                 "num_kv_heads": 8, "ffn_hidden_size": 14336, "vocab_size": 128256,
+                                 "seq_length": 4096},
 }
+
+#: GPU-sized models measured in bf16 alone, at the front of the grid: the steps a lent GPU's minutes are
+#: spent on first. Their fp32 weights, gradients and Adam states alone take 1.92B × 16 bytes = 31 GB: on a GPU
+#: without room for them a step fails in its own process, is listed in the manifest, and the grid goes on
+_GPU_GRID_FIRST = ("llama-3-8b-4-layers-like",)
 
 
 def gpu_step_grid(quick: bool = False) -> list[StepConfig]:
@@ -1309,7 +1319,9 @@ def gpu_step_grid(quick: bool = False) -> list[StepConfig]:
 
     ``quick=False``: the CPU grid's single-process transformers in fp32 and bf16 (small, launch-bound
     steps), its MoE model in bf16 (dropless) and the GPU-sized :data:`GPU_GRID_MODELS` at micro-batches 1-8
-    in fp32 and bf16, with full recompute and with gradient accumulation: 46 configs. ``quick=True``: two small configs.
+    in fp32 and bf16, with full recompute and with gradient accumulation, after the large layers of
+    ``_GPU_GRID_FIRST`` in bf16 at micro-batches 1 and 2 and with full recompute: 49 configs. ``quick=True``: two
+    small configs.
     """
     def cfg(name: str, **strategy) -> StepConfig:
         if name in GPU_GRID_MODELS:
@@ -1322,8 +1334,13 @@ def gpu_step_grid(quick: bool = False) -> list[StepConfig]:
     small = [cfg(f"{fam}-{size}", precision=p) for fam in ("gpt", "llama", "bert")
              for size in ("tiny", "small", "medium", "large") for p in ("fp32", "bf16")]
     small.append(cfg("moe-small", precision="bf16"))  # the CPU grid's MoE model, dropless
+    first = [cfg(name, precision="bf16", **extra) for name in _GPU_GRID_FIRST
+             for extra in ({"micro_batch_size": 1}, {"micro_batch_size": 2},
+                           {"micro_batch_size": 2, "recompute": "full"})]
     sized = []
     for name in GPU_GRID_MODELS:
+        if name in _GPU_GRID_FIRST:
+            continue
         for p in ("fp32", "bf16"):
             for mbs in (1, 4):
                 sized.append(cfg(name, precision=p, micro_batch_size=mbs))
@@ -1332,7 +1349,7 @@ def gpu_step_grid(quick: bool = False) -> list[StepConfig]:
         sized.append(cfg(name, precision="bf16", micro_batch_size=2, global_batch_size=4))
     # taken in turns, so that a time budget that runs out (a lent GPU's minutes) leaves some of each: the
     # GPU-sized steps (compute-bound, what training runs) and the small ones (launch-bound: the kernel floor)
-    out = [c for pair in itertools.zip_longest(sized, small) for c in pair if c is not None]
+    out = first + [c for pair in itertools.zip_longest(sized, small) for c in pair if c is not None]
     return out
 
 
