@@ -31,7 +31,7 @@ BANDS_MB = ((1, 4), (4, 16), (16, 64), (64, 256), (256, 1025))
 def main(argv=None) -> int:
     """Fit both forms, print the tables' and the steps' errors of each."""
     from learnedperf.cost import RooflineCost, default_params
-    from learnedperf.cost.calibrate import _allreduce_tables, fit_nvlink_allreduce_base
+    from learnedperf.cost.calibrate import allreduce_tables, fit_nvlink_allreduce_base
     from learnedperf.measure.public import default_shared_data, load_sc21, load_vtrain
     from learnedperf.simulate import simulate
     from learnedperf.specs import RunSpec
@@ -48,7 +48,7 @@ def main(argv=None) -> int:
         "two terms, 1/S": (0.0, two["alpha_us"], two["eff"]),
         "with base, 1/S": (three["base_us"], three["alpha_us"], three["eff"]),
     }
-    S, t, n, link = _allreduce_tables(args.data)
+    S, t, n, link = allreduce_tables(args.data)
     w = (1.0 / S) / np.sum(1.0 / S)
     print("vTrain's A100 NCCL all-reduce tables, 2-8 GPUs, 1 MB - 1 GB")
     for name, (base, alpha, eff) in forms.items():

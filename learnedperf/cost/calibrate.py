@@ -132,9 +132,9 @@ def fit_gemm_fp32(ops, memory_eff: float, launch_us: float, tile: int = 128,
                             "share": np.array([1.0])})
 
 
-def _allreduce_tables(data_dir: Path):
-    """vTrain's A100 NCCL all-reduce tables, 2-8 GPUs: bytes, seconds, GPUs (arrays) and NVLink3's
-    data-sheet bandwidth per direction (bytes/s)."""
+def allreduce_tables(data_dir: Path):
+    """vTrain's A100 NCCL all-reduce tables, 2-8 GPUs, every row: ``(bytes, seconds, GPUs, link)``, three
+    arrays and NVLink3's data-sheet bandwidth per direction (bytes/s), as the fits below read them."""
     from ..catalog import get_device
 
     link = get_device("A100-SXM4-80GB")["intra_node_bandwidth_GBps"] * 1e9
@@ -150,7 +150,7 @@ def _allreduce_tables(data_dir: Path):
 
 def fit_nvlink_allreduce(data_dir: Path) -> dict[str, float]:
     """Fit ``alpha_intra_us`` and ``link_efficiency_intra`` on vTrain's A100 NCCL all-reduce tables."""
-    S, t, n, link = _allreduce_tables(data_dir)
+    S, t, n, link = allreduce_tables(data_dir)
     y = np.log(t)
 
     def loss(p):
@@ -173,7 +173,7 @@ def fit_nvlink_allreduce_base(data_dir: Path, base_grid_us=None) -> dict[str, fl
     (``_row_mean_abs_log_error``) errors. ``base_grid_us``: the fixed times tried (default 0-60 µs by 1;
     ``[0]`` fits the shipped two-term form under this loss).
     """
-    S, t, n, link = _allreduce_tables(data_dir)
+    S, t, n, link = allreduce_tables(data_dir)
     y = np.log(t)
     w = (1.0 / S) / np.sum(1.0 / S)
     effs = np.round(np.linspace(0.5, 1.0, 51), 3)
