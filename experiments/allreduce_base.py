@@ -31,7 +31,7 @@ BANDS_MB = ((1, 4), (4, 16), (16, 64), (64, 256), (256, 1025))
 def main(argv=None) -> int:
     """Fit both forms, print the tables' and the steps' errors of each."""
     from learnedperf.cost import RooflineCost, default_params
-    from learnedperf.cost.calibrate import allreduce_tables, fit_nvlink_allreduce_base
+    from learnedperf.cost.calibrate import allreduce_tables, fit_nvlink_allreduce_base, ring_allreduce_s
     from learnedperf.measure.public import default_shared_data, load_sc21, load_vtrain
     from learnedperf.simulate import simulate
     from learnedperf.specs import RunSpec
@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     w = (1.0 / S) / np.sum(1.0 / S)
     print("vTrain's A100 NCCL all-reduce tables, 2-8 GPUs, 1 MB - 1 GB")
     for name, (base, alpha, eff) in forms.items():
-        err = np.log((base + 2 * (n - 1) * alpha) * 1e-6 + 2 * (n - 1) / n * S / (link * eff)) - np.log(t)
+        err = np.log(ring_allreduce_s(S, n, link, eff, alpha, base)) - np.log(t)
         print(f"  {name:<15} base {base:4.1f} µs, alpha {alpha:5.2f} µs, eff {eff:.2f}: mean |log err| "
               f"{np.sum(w * np.abs(err)):.3f} weighted by 1/size, {np.mean(np.abs(err)):.3f} by row")
         for gpus in (2, 4, 8):

@@ -148,14 +148,20 @@ def allreduce_tables(data_dir: Path):
     return np.concatenate(xs), np.concatenate(ys), np.concatenate(ns), link
 
 
+def ring_allreduce_s(S, n, link_Bps: float, eff: float, alpha_us: float, base_us: float = 0.0):
+    """Seconds of ring all-reduces of ``S`` bytes over ``n`` GPUs of one node (arrays alike):
+    ``base + 2(n-1)·α + 2(n-1)/n·S / (η·B)``, the single-node ring of
+    :func:`learnedperf.cost.collective.collective_cost`, vectorised for the fits below."""
+    return (base_us + 2 * (n - 1) * alpha_us) * 1e-6 + 2 * (n - 1) / n * S / (link_Bps * eff)
+
+
 def fit_nvlink_allreduce(data_dir: Path) -> dict[str, float]:
     """Fit ``alpha_intra_us`` and ``link_efficiency_intra`` on vTrain's A100 NCCL all-reduce tables."""
     S, t, n, link = allreduce_tables(data_dir)
     y = np.log(t)
 
     def loss(p):
-        pred = 2 * (n - 1) * p["alpha_us"] * 1e-6 + 2 * (n - 1) / n * S / (link * p["eff"])
-        return float(np.mean(np.abs(np.log(pred) - y)))
+        return float(np.mean(np.abs(np.log(ring_allreduce_s(S, n, link, p["eff"], p["alpha_us"])) - y)))
 
     return _grid_fit(loss, {"eff": np.linspace(0.4, 1.0, 61), "alpha_us": np.linspace(0.5, 15.0, 59)})
 
@@ -177,7 +183,8 @@ def fit_nvlink_allreduce_base(data_dir: Path, base_grid_us=None) -> dict[str, fl
     y = np.log(t)
     w = (1.0 / S) / np.sum(1.0 / S)
     effs = np.round(np.linspace(0.5, 1.0, 51), 3)
-    volume_s = (2 * (n - 1) / n * S / link)[None, :] / effs[:, None]  # every efficiency at once
+    # ring_allreduce_s over every efficiency at once: the volume term as a (efficiency, row) matrix
+    volume_s = (2 * (n - 1) / n * S / link)[None, :] / effs[:, None]
     best = (math.inf, 0.0, 0.0, 0.0)
     for base_us in np.linspace(0.0, 60.0, 61) if base_grid_us is None else base_grid_us:
         for alpha_us in np.linspace(0.0, 15.0, 61):
@@ -187,7 +194,7 @@ def fit_nvlink_allreduce_base(data_dir: Path, base_grid_us=None) -> dict[str, fl
             if losses[i] < best[0]:
                 best = (float(losses[i]), float(effs[i]), float(alpha_us), float(base_us))
     fit = {"eff": best[1], "alpha_us": best[2], "base_us": best[3], "_mean_abs_log_error": best[0]}
-    pred = (fit["base_us"] + 2 * (n - 1) * fit["alpha_us"]) * 1e-6 + 2 * (n - 1) / n * S / (link * fit["eff"])
+    pred = ring_allreduce_s(S, n, link, fit["eff"], fit["alpha_us"], fit["base_us"])
     fit["_row_mean_abs_log_error"] = float(np.mean(np.abs(np.log(pred) - y)))
     return fit
 
