@@ -330,6 +330,42 @@ def test_finetuning_moves_predictions_towards_measurements(samples):
     assert ft.history_[0]["finetune"] and not pre.history_[0]["finetune"] and ft.n_measured_ == len(samples)
 
 
+def test_replaying_simulated_runs_in_finetuning_keeps_the_correction_at_zero_where_nothing_was_measured(samples):
+    # measured: the tp = 1 runs take 2 × the simulator; the tp > 1 runs were only simulated (target: the simulator).
+    # Phase 1 sees both; phase 2 on the measured runs alone drifts the unmeasured runs' correction towards the measured
+    # one, and replaying the simulated runs at a weight holds it near zero without giving up the measured runs' fit.
+    sim = np.array([s.sim_ms for s in samples])
+    tp1 = np.array([spec[1]["tp"] == 1 for spec in STRATEGIES])
+    y = np.where(tp1, 2.0 * sim, sim)
+    source = ["measured" if m else "simulated" for m in tp1]
+    kw = dict(mode="residual", pretrain_epochs=30, lr=1e-2, simulated_weight=1.0, finetune_epochs=60,
+              finetune_lr=1e-2, **TINY)
+    alone = GNNRegressor(**kw).fit(samples, y, source=source)
+    replay = GNNRegressor(finetune_simulated_weight=1.0, **kw).fit(samples, y, source=source)
+
+    def log_ratio(m, sel):
+        return float(np.mean(np.log(m.predict([s for s, k in zip(samples, sel) if k]) / sim[sel])))
+
+    assert log_ratio(alone, ~tp1) > log_ratio(replay, ~tp1) + 0.1  # the unmeasured runs' correction drifted
+    assert abs(log_ratio(replay, ~tp1)) < 0.15
+    assert abs(log_ratio(replay, tp1) - math.log(2.0)) < 0.15  # the measured runs are still fitted
+    assert replay.get_params()["finetune_simulated_weight"] == 1.0
+
+
+def test_finetune_simulated_weight_zero_is_phase_2_on_the_measured_runs_alone(samples):
+    # the default 0 trains exactly as before the parameter existed: the simulated runs take no part in phase 2
+    # (a correction that differs between runs: a constant one is the networks' starting point, nothing to learn)
+    y = np.array([s.sim_ms for s in samples]) * np.array([1.3 if spec[1]["tp"] == 1 else 0.9 for spec in STRATEGIES])
+    src = ["measured" if i % 2 else "simulated" for i in range(len(samples))]
+    kw = dict(mode="residual", pretrain_epochs=3, finetune_epochs=3, **TINY)
+    a = GNNRegressor(**kw).fit(samples, y, source=src)
+    b = GNNRegressor(finetune_simulated_weight=0.0, **kw).fit(samples, y, source=src)
+    c = GNNRegressor(finetune_simulated_weight=0.5, **kw).fit(samples, y, source=src)
+    assert _same_weights(a.modules_[0], b.modules_[0]) and not _same_weights(a.modules_[0], c.modules_[0])
+    with pytest.raises(InputError, match="finetune_simulated_weight"):
+        GNNRegressor(finetune_simulated_weight=-0.1)
+
+
 def _same_weights(a, b) -> bool:
     """Whether two modules hold the same tensors, bit for bit."""
     sa, sb = a.state_dict(), b.state_dict()

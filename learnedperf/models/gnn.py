@@ -15,8 +15,10 @@ that also sees the run-level features (:data:`~learnedperf.features.GLOBAL_FEATU
   teaches it how; it then also answers for runs the simulator cannot run.
 
 Training is provenance-aware: phase 1 fits all samples, simulated ones down-weighted
-(``simulated_weight``); phase 2 fine-tunes on the measured samples alone at a lower
-learning rate. The loss is a weighted Huber loss on log time, i.e. on relative error.
+(``simulated_weight``); phase 2 fine-tunes on the measured samples at a lower learning rate,
+alone or (``finetune_simulated_weight`` > 0) with the simulated ones replayed at that weight, which keeps
+a residual network's correction near zero where only simulated runs are (the configurations no
+measurement reached). The loss is a weighted Huber loss on log time, i.e. on relative error.
 
 ``ensemble`` networks (default 1) can be trained from different seeds on the same data and
 normalisation; the prediction is the mean of their log times. One network's answer moves with its
@@ -446,13 +448,19 @@ class GNNRegressor:
         hidden: hidden width of :class:`IterationGNN`.
         num_layers: message-passing layers.
         pretrain_epochs: epochs of phase 1 (all samples, simulated ones weighted ``simulated_weight``).
-        finetune_epochs: epochs of phase 2 (measured samples only; skipped if there are none).
+        finetune_epochs: epochs of phase 2 (the measured samples, and the simulated ones at
+            ``finetune_simulated_weight``; skipped if there is no measured sample).
         lr: AdamW learning rate of phase 1 (cosine-annealed to 0 over the phase).
         finetune_lr: learning rate of phase 2 (lower: it adjusts, it does not relearn).
         weight_decay: AdamW weight decay.
         batch_size: most graphs per batch.
         max_nodes_per_batch: node budget per batch (see :class:`NodeBudgetBatches`).
         simulated_weight: weight of simulated samples relative to measured ones in phase 1.
+        finetune_simulated_weight: weight of simulated samples relative to measured ones in phase 2
+            (0: phase 2 sees the measured samples alone). Fine-tuning on measured runs alone lets the
+            correction drift wherever the network extrapolates a pattern of the measured runs (a
+            residual one's anchor at zero on simulated runs is then only phase 1's starting point);
+            replaying the simulated runs holds it there.
         huber_delta: Huber loss threshold in log units (0.5 ≈ a factor 1.65).
         lse_channels: channels of the log-sum-exp readout.
         seed: seed of initialisation and shuffling (fits on CPU are deterministic given it).
@@ -468,7 +476,7 @@ class GNNRegressor:
                  finetune_epochs: int = 50, lr: float = 3e-3, finetune_lr: float = 3e-4, weight_decay: float = 1e-4,
                  batch_size: int = 32, max_nodes_per_batch: int = 50_000, simulated_weight: float = 0.3,
                  huber_delta: float = 0.5, lse_channels: int = 4, seed: int = 0, device: str = "cpu",
-                 num_threads: Optional[int] = 1, ensemble: int = 1):
+                 num_threads: Optional[int] = 1, ensemble: int = 1, finetune_simulated_weight: float = 0.0):
         if mode not in MODES:
             raise InputError(f"GNNRegressor.mode: {mode!r}, expected one of {list(MODES)}")
         for name, value in (("hidden", hidden), ("batch_size", batch_size), ("max_nodes_per_batch",
@@ -484,8 +492,8 @@ class GNNRegressor:
                 raise InputError(f"GNNRegressor.{name}: must be > 0, got {value}")
         if num_threads is not None and int(num_threads) < 1:
             raise InputError(f"GNNRegressor.num_threads: must be >= 1 or None, got {num_threads}")
-        if not float(simulated_weight) >= 0 or not float(weight_decay) >= 0:
-            raise InputError("GNNRegressor: simulated_weight and weight_decay must be >= 0")
+        if not float(simulated_weight) >= 0 or not float(weight_decay) >= 0 or not float(finetune_simulated_weight) >= 0:
+            raise InputError("GNNRegressor: simulated_weight, finetune_simulated_weight and weight_decay must be >= 0")
         self.mode = mode
         self.hidden = int(hidden)
         self.num_layers = int(num_layers)
@@ -497,6 +505,7 @@ class GNNRegressor:
         self.batch_size = int(batch_size)
         self.max_nodes_per_batch = int(max_nodes_per_batch)
         self.simulated_weight = float(simulated_weight)
+        self.finetune_simulated_weight = float(finetune_simulated_weight)
         self.huber_delta = float(huber_delta)
         self.lse_channels = int(lse_channels)
         self.seed = int(seed)
@@ -512,7 +521,8 @@ class GNNRegressor:
                 "finetune_lr": self.finetune_lr, "weight_decay": self.weight_decay, "batch_size": self.batch_size,
                 "max_nodes_per_batch": self.max_nodes_per_batch, "simulated_weight": self.simulated_weight,
                 "huber_delta": self.huber_delta, "lse_channels": self.lse_channels, "seed": self.seed,
-                "device": self.device, "num_threads": self.num_threads, "ensemble": self.ensemble}
+                "device": self.device, "num_threads": self.num_threads, "ensemble": self.ensemble,
+                "finetune_simulated_weight": self.finetune_simulated_weight}
 
     def set_params(self, **params: Any) -> "GNNRegressor":
         """Set constructor arguments (scikit-learn convention; validated as in ``__init__``); return self."""
@@ -646,11 +656,14 @@ class GNNRegressor:
 
         dev = torch.device(self.device)
         data = self._data(samples, target, w1)
-        # phase 2's copies: the caller's weights, no source factor (None where a sample is not measured)
+        # phase 2's copies: the caller's weights, times finetune_simulated_weight for a simulated sample (None for a
+        # simulated sample without weight in phase 2: with the default 0, phase 2 is the measured samples alone)
+        w2 = w * np.where(measured, 1.0, self.finetune_simulated_weight)
+        in_phase2 = measured | (w2 > 0)
         ft_all: list[Optional[Data]] = [None] * n
-        for i in np.flatnonzero(measured):
+        for i in np.flatnonzero(in_phase2):
             ft_all[i] = data[i].clone()
-            ft_all[i].w = torch.tensor([w[i]], dtype=torch.float32)
+            ft_all[i].w = torch.tensor([w2[i]], dtype=torch.float32)
         self.modules_: list[IterationGNN] = []
         self.history_: list[dict[str, list[float]]] = []
         for k, mask in enumerate(masks):
@@ -658,7 +671,7 @@ class GNNRegressor:
             torch.manual_seed(seed)
             module = self._new_module().to(dev)
             scale = (self.target_offset_[k], self.target_scale_[k])
-            ft = [ft_all[i] for i in np.flatnonzero(mask & measured)]
+            ft = [ft_all[i] for i in np.flatnonzero(mask & in_phase2)]
             history = {"pretrain": self._train(module, [data[i] for i in np.flatnonzero(mask)], self.pretrain_epochs,
                                                self.lr, seed, scale),
                        "finetune": self._train(module, ft, self.finetune_epochs, self.finetune_lr, seed + 1, scale)
