@@ -468,17 +468,27 @@ class Predictor:
         return pred, result
 
     def _gnn_time_ms(self, spec: Any, eg: Any, base_ms: float, breakdown_ms: dict) -> float:
+        return float(self.checkpoint.gnn.predict([self.gnn_sample(spec, eg, base_ms, breakdown_ms)])[0])
+
+    def gnn_sample(self, spec: Any, eg: Any, base_ms: float, breakdown_ms: dict) -> Any:
+        """The checkpoint GNN's input for a run (a :class:`~learnedperf.models.gnn.GraphSample`), as the full
+        tier builds it: ``spec`` a :class:`~learnedperf.specs.RunSpec`, ``eg`` its compiled execution graph,
+        ``base_ms`` and ``breakdown_ms`` the simulator's iteration time and breakdown (``simulator_iteration_time_ms``
+        of a full-tier prediction, and its ``breakdown_ms`` over ``breakdown_scale``). For diagnostics of the
+        correction (``experiments/correction_attribution.py``); :meth:`predict` needs none of it."""
         from .cost import RooflineCost
         from .data.graphs import graph_of
         from .models.dataset import BREAKDOWN_COLUMNS, learned_node_times_s
         from .models.gnn import make_sample
 
         ck = self.checkpoint
+        if ck.gnn is None:
+            raise InputError(f"checkpoint {ck.path.name}: method {ck.method!r} has no GNN")
         # node times are the roofline's, as in the graph store the GNN was trained on
         graph = graph_of(eg, RooflineCost(spec.hardware))
         nodes = learned_node_times_s(graph, spec, ck.op_regressor) if ck.op_regressor is not None else None
         bd = {k: float(breakdown_ms.get(k, 0.0)) for k in BREAKDOWN_COLUMNS}
-        return float(ck.gnn.predict([make_sample(graph, spec, base_ms, bd, learned_time_s=nodes)])[0])
+        return make_sample(graph, spec, base_ms, bd, learned_time_s=nodes)
 
 
 #: Fewest tokens of a sequence per context-parallel rank the default search considers: below this,
