@@ -87,7 +87,7 @@ def main(argv=None) -> int:
             for k, v in parts.items():
                 totals.setdefault(k, []).append(v)
             top = sorted(parts.items(), key=lambda kv: -abs(kv[1]))[:args.top]
-            print(f"  {str(run.get('id'))[-12:]:12s} {run['hardware']['num_devices']:5d} GPUs tp{s.get('tp', 1)} "
+            print(f"  {str(run.get('id')):34s} {run['hardware']['num_devices']:5d} GPUs tp{s.get('tp', 1)} "
                   f"pp{s.get('pp', 1)}: c {c:+.3f} | " + ", ".join(f"{k} {v:+.3f}" for k, v in top))
     if totals:
         mean = sorted(((k, float(np.mean(v))) for k, v in totals.items()), key=lambda kv: -abs(kv[1]))
