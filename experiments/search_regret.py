@@ -114,6 +114,11 @@ def main() -> None:
     print(f"  rank by the simulator alone (the full tier's base): top-1 regret "
           f"{_summary(simulator_regret(predictor, groups))}")
 
+    if predictor.checkpoint.surrogate is None:
+        # search screens every candidate with the fast tier, and SC21's ranking below is the fast tier's
+        print("  search and the SC21 ranking need the fast tier, which this checkpoint has not: skipped")
+        return
+
     rng = np.random.default_rng(0)
     pick = rng.choice(len(groups), min(args.groups, len(groups)), replace=False)
     found, regrets, gains = 0, [], []
