@@ -474,8 +474,8 @@ class Predictor:
         """The checkpoint GNN's input for a run (a :class:`~learnedperf.models.gnn.GraphSample`), as the full
         tier builds it: ``spec`` a :class:`~learnedperf.specs.RunSpec`, ``eg`` its compiled execution graph,
         ``base_ms`` and ``breakdown_ms`` the simulator's iteration time and breakdown (``simulator_iteration_time_ms``
-        of a full-tier prediction, and its ``breakdown_ms`` over ``breakdown_scale``). For diagnostics of the
-        correction (``experiments/correction_attribution.py``); :meth:`predict` needs none of it."""
+        of a full-tier prediction, and its ``breakdown_ms`` over ``breakdown_scale``). The full tier corrects with
+        it; callers need it only to look into the correction (``experiments/correction_attribution.py``)."""
         from .cost import RooflineCost
         from .data.graphs import graph_of
         from .models.dataset import BREAKDOWN_COLUMNS, learned_node_times_s

@@ -22,7 +22,8 @@ EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 def _module():
     sys.path.insert(0, str(EXPERIMENTS))  # the script imports _checkpoint beside it
     try:
-        spec = importlib.util.spec_from_file_location("correction_attribution", EXPERIMENTS / "correction_attribution.py")
+        path = EXPERIMENTS / "correction_attribution.py"
+        spec = importlib.util.spec_from_file_location("correction_attribution", path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         return module
@@ -52,8 +53,8 @@ def test_the_attributed_correction_is_the_full_tiers_and_a_feature_at_its_mean_h
 
     spec = RunSpec.from_dict(run)
     bd = {k: v / pred["breakdown_scale"] for k, v in pred["breakdown_ms"].items()}
-    sample = predictor.gnn_sample(spec, compile_run(spec, memory_microbatches(spec)), pred["simulator_iteration_time_ms"],
-                                  bd)
+    eg = compile_run(spec, memory_microbatches(spec))
+    sample = predictor.gnn_sample(spec, eg, pred["simulator_iteration_time_ms"], bd)
     at_mean = np.flatnonzero(sample.global_x == gnn.global_mean_)
     moved = np.flatnonzero(sample.global_x != gnn.global_mean_)
     assert len(moved) > 0

@@ -492,7 +492,7 @@ class GNNRegressor:
                 raise InputError(f"GNNRegressor.{name}: must be > 0, got {value}")
         if num_threads is not None and int(num_threads) < 1:
             raise InputError(f"GNNRegressor.num_threads: must be >= 1 or None, got {num_threads}")
-        if not float(simulated_weight) >= 0 or not float(weight_decay) >= 0 or not float(finetune_simulated_weight) >= 0:
+        if not all(float(v) >= 0 for v in (simulated_weight, weight_decay, finetune_simulated_weight)):
             raise InputError("GNNRegressor: simulated_weight, finetune_simulated_weight and weight_decay must be >= 0")
         self.mode = mode
         self.hidden = int(hidden)
