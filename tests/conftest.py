@@ -8,6 +8,9 @@ constants in ``cost/data/params.json``.
 from __future__ import annotations
 
 import copy
+import importlib.util
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -51,6 +54,23 @@ LLAMA_GQA = {"name": "llama-gqa", "arch": "llama", "num_layers": 4, "hidden_size
 MOE = {"name": "moe-8x", "arch": "moe", "num_layers": 4, "hidden_size": 2048, "num_attention_heads": 16,
        "num_kv_heads": 4, "ffn_hidden_size": 5632, "vocab_size": 32000, "seq_length": 2048,
        "num_experts": 8, "moe_top_k": 2}
+
+
+#: The experiment scripts (``python experiments/NAME.py``), which some tests load as modules.
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+
+
+def load_experiment(name: str):
+    """The script ``experiments/<name>.py`` as a module, loaded with its folder on ``sys.path`` (the scripts import
+    ``_checkpoint`` beside them) and the folder taken off again."""
+    sys.path.insert(0, str(EXPERIMENTS))
+    try:
+        spec = importlib.util.spec_from_file_location(name, EXPERIMENTS / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(EXPERIMENTS))
 
 
 def hardware(num_devices: int = 8, devices_per_node: int = 8, device: dict | None = None, **links) -> dict:

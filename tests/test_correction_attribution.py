@@ -3,32 +3,21 @@ its training mean has no part, and a checkpoint without a GNN gets one line."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
+from conftest import load_experiment
 from learnedperf.errors import InputError
 from learnedperf.measure.public import load_sc21
 from learnedperf.predict import Predictor
 
-EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
-
 
 def _module():
-    sys.path.insert(0, str(EXPERIMENTS))  # the script imports _checkpoint beside it
-    try:
-        path = EXPERIMENTS / "correction_attribution.py"
-        spec = importlib.util.spec_from_file_location("correction_attribution", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(EXPERIMENTS))
+    return load_experiment("correction_attribution")
 
 
 @pytest.fixture(scope="module")

@@ -3,19 +3,15 @@ its full tier alone, and a script that measures the fast tier exits with one lin
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from conftest import load_experiment
+
 
 def _module():
-    path = Path(__file__).resolve().parents[1] / "experiments" / "_checkpoint.py"
-    spec = importlib.util.spec_from_file_location("experiments_checkpoint", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_experiment("_checkpoint")
 
 
 def _predictor(surrogate):
@@ -40,22 +36,12 @@ def test_without_a_surrogate_the_full_tier_alone_and_it_is_said(capsys):
 
 
 def _search_regret():
-    import sys
-
-    folder = str(Path(__file__).resolve().parents[1] / "experiments")
-    sys.path.insert(0, folder)  # the script imports _checkpoint beside it
-    try:
-        spec = importlib.util.spec_from_file_location("search_regret", Path(folder) / "search_regret.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(folder)
+    return load_experiment("search_regret")
 
 
 class _FullTierOnly:
-    """A predictor whose checkpoint has no surrogate: ``rank`` and ``predict_with_result`` answer with the full tier
-    (time = 10 ms per tensor-parallel rank), and anything of the fast tier fails the test."""
+    """A predictor whose checkpoint has no surrogate: ``rank`` answers with the full tier (time and simulator time =
+    10 ms per tensor-parallel rank), and anything of the fast tier fails the test."""
 
     source = "checkpoint:ck:gnn_residual"
     checkpoint = SimpleNamespace(surrogate=None)
@@ -63,15 +49,12 @@ class _FullTierOnly:
     @staticmethod
     def _pred(strategy):
         t = 10.0 * strategy["tp"]
-        return {"iteration_time_ms": t, "interval_ms": [0.9 * t, 1.1 * t]}
+        return {"iteration_time_ms": t, "interval_ms": [0.9 * t, 1.1 * t], "simulator_iteration_time_ms": t}
 
     def rank(self, model, hardware, strategies, tier="fast"):
         assert tier == "full"
         out = sorted(strategies, key=lambda s: s["tp"])
         return [{"rank": k + 1, "strategy": s, "prediction": self._pred(s)} for k, s in enumerate(out)]
-
-    def predict_with_result(self, run):
-        return {"simulator_iteration_time_ms": self._pred(run["strategy"])["iteration_time_ms"]}, None
 
     def search(self, *args, **kwargs):
         raise AssertionError("search screens with the fast tier")
