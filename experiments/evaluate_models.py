@@ -5,7 +5,7 @@ Either evaluates a data set (as ``learnedperf evaluate`` does) or re-plots a sav
     python experiments/evaluate_models.py --data DIR [--gnn pretrain_epochs=10 ...] [--report-out R.json]
     python experiments/evaluate_models.py --report R.json [R2.json ...] [--report-out MERGED.json]
 
-Several reports (e.g. methods evaluated in parallel processes) are merged into one.
+Several reports (methods, or the same methods on disjoint splits, evaluated in parallel processes) are merged into one.
 
 Prints the MAPE / Kendall τ / top-1 regret / coverage tables (Markdown) and writes to
 ``--figures`` (default ``experiments/figures``):

@@ -456,6 +456,26 @@ def test_merge_reports_refuses_reports_trained_differently(key, value, match):
         merge_reports([_report({"simulator": 8.0}), other])
 
 
+def test_merge_reports_of_disjoint_splits():
+    """The same methods evaluated on disjoint splits (two processes with --splits) merge into the report one
+    process would have written; a split scored by the same method twice is refused."""
+    from learnedperf.models.evaluate import merge_reports
+
+    whole = _report({"simulator": 8.0, "gnn_residual": 6.5})
+    whole["predictions"] = [{"split": s, "method": m} for s in whole["splits"] for m in whole["methods"]]
+    parts = []
+    for split in whole["splits"]:
+        part = {**whole, "splits": {split: whole["splits"][split]},
+                "predictions": [p for p in whole["predictions"] if p["split"] == split]}
+        parts.append(part)
+    merged = merge_reports(parts)
+    assert merged["splits"] == whole["splits"]
+    assert sorted(map(str, merged["predictions"])) == sorted(map(str, whole["predictions"]))
+    assert merged["methods"] == ["simulator", "gnn_residual"]
+    with pytest.raises(InputError, match="'random': method.*'simulator'.*more than one report"):
+        merge_reports([parts[1], _report({"simulator": 7.0})])
+
+
 def test_merge_reports_refuses_other_training_sets():
     from learnedperf.models.evaluate import merge_reports
 

@@ -316,8 +316,9 @@ def novelty_residuals(report: dict, method: str, leave_out: tuple[str, ...] = ()
 
 
 def merge_reports(reports: list[dict]) -> dict:
-    """One report from several over the same data and splits but different methods (e.g. methods
-    evaluated in parallel processes). Raises :class:`InputError` if a method appears twice, or the
+    """One report from several over the same data: different methods, or the same methods on different
+    splits (``--splits``), e.g. evaluated in parallel processes. Raises :class:`InputError` if a method
+    is scored twice on one split, or the
     reports differ in their data set, seed, GNN parameters, calibration folds, kernels of the held-out devices
     (``device_kernels``), or a split's test or training sets (a report written before folds or device kernels
     were recorded counts as 0)."""
@@ -335,14 +336,14 @@ def merge_reports(reports: list[dict]) -> dict:
     out = {k: v for k, v in reports[0].items() if k not in ("splits", "predictions", "methods")}
     out["methods"], out["splits"], out["predictions"] = [], {}, []
     for rep in reports:
-        dup = set(rep["methods"]) & set(out["methods"])
-        if dup:
-            raise InputError(f"method(s) {sorted(dup)} appear in more than one report")
-        out["methods"] += list(rep["methods"])
+        out["methods"] += [m for m in rep["methods"] if m not in out["methods"]]
         out["predictions"] += rep.get("predictions", [])
         for split, entry in rep["splits"].items():
             mine = out["splits"].setdefault(split, {k: v for k, v in entry.items() if k != "methods"})
             if "methods" in entry:
+                dup = set(entry["methods"]) & set(mine.get("methods", {}))
+                if dup:
+                    raise InputError(f"split {split!r}: method(s) {sorted(dup)} appear in more than one report")
                 if mine.get("test_measured") != entry.get("test_measured"):
                     raise InputError(f"split {split!r}: the reports have different test sets")
                 if mine.get("train") != entry.get("train"):  # e.g. another --limit-simulated
