@@ -4,9 +4,14 @@ Two constants cannot be fit on single kernels: the large-GEMM tensor-core
 efficiency (NeuSight's kernels are fp32 without tensor cores) and the time the
 host takes to issue one kernel in a real step (the framework's per-operator
 dispatch; isolated-kernel timings include a synchronisation floor instead).
-They are fit here jointly on a deterministic quarter of vTrain's 1,440 runs
-(every 4th row) and the 10 SC21 runs, by grid search on the sum of the two
-MAPEs, and stored with provenance in ``learnedperf/cost/data/params.json``.
+They are fit here on a deterministic quarter of vTrain's 1,440 runs (every 4th
+row) by grid search on its MAPE, and stored with provenance in
+``learnedperf/cost/data/params.json``. The 10 SC21 runs (32-3,072 GPUs) are scored
+at every grid point and at the fit, never in the loss: they are the project's only
+published multi-node runs and every check reports them as held out. (Until 2026-11-29
+the fit was joint on the quarter and SC21, summing the two MAPEs; SC21 then chose the
+efficiency, 0.75 against the quarter's own 0.80, which vTrain's host-bound steps barely
+constrain.)
 
 ``--model host`` (the default) fits ``host_dispatch_us``: a block of kernels issued back to back takes
 ``max(their time, kernels · host_dispatch_us)`` (the host runs ahead of the device), and the per-kernel
@@ -24,11 +29,10 @@ steps stay out of the fit and are reported, as is each data set fitted alone and
 others (how well the constants carry to a CPU they were not fitted on). Usage::
 
     python experiments/calibrate_steps.py [--data ../shared/data] [--model host|floor] [--dry-run]
-                                          [--hold-out-sc21]
     python experiments/calibrate_steps.py --measured [DATASET_DIR ...] [--dry-run]
 
-``--hold-out-sc21`` fits on the vTrain quarter alone and scores SC21's 10 multi-node runs as held out (it
-writes nothing): how each model carries from one node to 32-3,072 GPUs.
+It prints the fit quarter's MAPE, the other three quarters' and SC21's (held out): how each model carries
+from one node to 32-3,072 GPUs.
 """
 
 from __future__ import annotations
@@ -127,8 +131,6 @@ def main(argv=None) -> int:
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--model", choices=("host", "floor"), default="host",
                     help="fit the host's dispatch time per kernel (default) or a per-kernel floor")
-    ap.add_argument("--hold-out-sc21", action="store_true",
-                    help="fit on the vTrain quarter alone and score SC21 as held out (writes nothing)")
     ap.add_argument("--measured", nargs="*", type=Path, default=None, metavar="DATASET_DIR",
                     help="fit the measured-device constants on these data sets (default: all of datasets/measured)")
     args = ap.parse_args(argv)
@@ -152,26 +154,20 @@ def main(argv=None) -> int:
     for eff, value in itertools.product(grid_eff, grid):
         p = replace(base, gemm_efficiency_tensor=eff, kernel_launch_us=0.0, **{name: value, other: 0.0})
         vt = steps_mape(runs, p)
-        sc = float("nan") if args.hold_out_sc21 else sc21_mape(p)
-        print(f"  eff={eff:.2f} {name}={value:4.0f}: vTrain subset {vt:5.2f}%  SC21 {sc:5.2f}%", flush=True)
-        loss = vt if args.hold_out_sc21 else vt + sc
-        if best is None or loss < best[0]:
-            best = (loss, eff, value, vt, sc)
-    _, eff, value, vt, sc = best
-    if args.hold_out_sc21:
-        sc = sc21_mape(replace(base, gemm_efficiency_tensor=eff, kernel_launch_us=0.0, **{name: value, other: 0.0}))
-        rest = [(RunSpec.from_dict(r.run), r.iteration_time_ms) for i, r in enumerate(load_vtrain(args.data)) if i % 4]
-        rest_mape = steps_mape(rest, replace(base, gemm_efficiency_tensor=eff, kernel_launch_us=0.0,
-                                             **{name: value, other: 0.0}))
-        print(f"fit on the vTrain quarter alone: gemm_efficiency_tensor={eff} {name}={value}: vTrain fit-subset MAPE "
-              f"{vt:.2f}%, other three quarters {rest_mape:.2f}%, SC21 (held out) MAPE {sc:.2f}%")
-        return 0
-    print(f"gemm_efficiency_tensor={eff} {name}={value}: vTrain fit-subset MAPE {vt:.2f}%, "
-          f"SC21 MAPE {sc:.2f}%")
+        sc = sc21_mape(p)  # scored, not fitted on: SC21 stays held out
+        print(f"  eff={eff:.2f} {name}={value:4.0f}: vTrain subset {vt:5.2f}%  SC21 (held out) {sc:5.2f}%", flush=True)
+        if best is None or vt < best[0]:
+            best = (vt, eff, value, sc)
+    vt, eff, value, sc = best
+    fitted = replace(base, gemm_efficiency_tensor=eff, kernel_launch_us=0.0, **{name: value, other: 0.0})
+    rest = [(RunSpec.from_dict(r.run), r.iteration_time_ms) for i, r in enumerate(load_vtrain(args.data)) if i % 4]
+    rest_mape = steps_mape(rest, fitted)
+    print(f"gemm_efficiency_tensor={eff} {name}={value}: vTrain fit-subset MAPE {vt:.2f}%, other three quarters "
+          f"{rest_mape:.2f}%, SC21 (held out) MAPE {sc:.2f}%")
     if not args.dry_run:
-        how = (f"fit by experiments/calibrate_steps.py --model {args.model} jointly on every 4th vTrain run "
-               f"({len(runs)} of 1,440) and the 10 SC21 runs (grid search on the sum of MAPEs: {vt:.2f}% + "
-               f"{sc:.2f}%)")
+        how = (f"fit by experiments/calibrate_steps.py --model {args.model} on every 4th vTrain run "
+               f"({len(runs)} of 1,440; grid search on its MAPE: {vt:.2f}%; the other three quarters "
+               f"{rest_mape:.2f}%, SC21 held out {sc:.2f}%)")
         write_params({"gemm_efficiency_tensor": (eff, how), "kernel_launch_us": (0.0, how), name: (value, how),
                       other: (0.0, f"0: not part of the model fitted by experiments/calibrate_steps.py "
                                     f"--model {args.model}")})
