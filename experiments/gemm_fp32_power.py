@@ -1,13 +1,18 @@
 """fp32 GEMM efficiency by power class: one constant for every GPU against one per class of power supply.
 
-The shipped ``gemm_efficiency_fp32`` (0.59) is one constant fitted on NeuSight's fp32 linear/bmm kernels on
-five GPUs (``learnedperf.cost.calibrate``). Fitted one device at a time, the five disagree: the 250 W cards
+Until 2026-11-28 the shipped ``gemm_efficiency_fp32`` (0.59) was one constant fitted on NeuSight's fp32
+linear/bmm kernels on five GPUs (``learnedperf.cost.calibrate``). Fitted one device at a time, the five disagree: the 250 W cards
 (A100, V100, P100 PCIe) reach 0.65-0.86 of their data-sheet peak, the two cards powered by the PCIe slot
 alone (T4 70 W, P4 75 W: the slot's 75 W limit, their data sheets' ``tdp_W``) 0.41-0.42, since they cannot
 hold the boost clock their peak is quoted at. One constant for all five sits between, too slow for the
 large cards and too fast for the small ones.
 
-This prints, without changing the shipped constants:
+Since 2026-11-29 every fit here also fits the share of the efficiency a GEMM with a dimension that is not a
+multiple of 16 bytes keeps (``gemm_unaligned_share``, ``learnedperf.cost.params.gemm_aligned``). This prints,
+without changing the shipped constants:
+
+0. the premise of that share: each GPU's median share of its fp32 peak on kernels of over 10 GFLOP, aligned
+   or not;
 
 1. the fit per device, per class (slot-powered: ``tdp_W`` <= 75) and over all five;
 2. leave one device out: each device's kernels costed with the constant fitted on the *other* devices,
@@ -42,7 +47,8 @@ def main(argv=None) -> int:
     from learnedperf.cost import RooflineCost, default_params
     from learnedperf.cost import calibrate as cal
     from learnedperf.graph.ops import Op
-    from learnedperf.measure.public import default_shared_data, load_neusight_steps
+    from learnedperf.cost.params import gemm_aligned
+    from learnedperf.measure.public import default_shared_data, load_neusight_ops, load_neusight_steps
     from learnedperf.simulate import simulate
     from learnedperf.specs import HardwareSpec, RunSpec
 
@@ -55,19 +61,29 @@ def main(argv=None) -> int:
     def fit(names):
         return cal.fit_gemm_fp32(ops[ops.device.isin(list(names))], mem, 0.0)
 
-    def loss(names, eff, k_half):
+    def loss(names, f):
         log_error, n = cal.gemm_fp32_error(ops[ops.device.isin(list(names))], mem)
-        return log_error(eff, k_half), n
+        return log_error(f["eff"], f["k_half"], 0.0, f["unaligned"]), n
 
     print(f"slot-powered (tdp_W <= {SLOT_POWER_W:.0f} W): {sorted(slot)}")
-    print("\n1. fp32 GEMM efficiency fitted on NeuSight's linear+bmm kernels over 100 us (eff, k_half, loss)")
+    print("\n0. median share of the data-sheet fp32 peak of the linear+bmm kernels over 10 GFLOP, every dimension a "
+          "multiple of 16 bytes or not (kernels)")
+    for name, rows in load_neusight_ops(data, ops=("linear", "bmm")).groupby("device_name"):
+        rows = rows[(rows["kind"] == "matmul") & (rows["flops"] > 1e10)]
+        share = (rows["flops"] / (rows["time_ms"] * 1e-3)
+                 / (json.loads(rows["device"].iloc[0])["peak_tflops"]["fp32"] * 1e12)).to_numpy()
+        aligned = np.array([gemm_aligned(json.loads(s), 4) for s in rows["shape"]])
+        print(f"   {name:<24} aligned {np.median(share[aligned]):.3f} ({aligned.sum()}), "
+              f"not {np.median(share[~aligned]):.3f} ({(~aligned).sum()})")
+    print("\n1. fp32 GEMM efficiency fitted on NeuSight's linear+bmm kernels over 100 us (eff, k_half, the share "
+          "an unaligned GEMM keeps, loss)")
     every = fit(devs)
     for name in devs:
         f = fit([name])
-        print(f"   {name:<24} {f['eff']:.2f} {f['k_half']:>5.0f}  {f['_mean_abs_log_error']:.3f}")
+        print(f"   {name:<24} {f['eff']:.2f} {f['k_half']:>5.0f} {f['unaligned']:.2f}  {f['_mean_abs_log_error']:.3f}")
     fits = {"all five": every, "slot-powered": fit(slot), "other": fit(set(devs) - slot)}
     for label, f in fits.items():
-        print(f"   {label:<24} {f['eff']:.2f} {f['k_half']:>5.0f}  {f['_mean_abs_log_error']:.3f}")
+        print(f"   {label:<24} {f['eff']:.2f} {f['k_half']:>5.0f} {f['unaligned']:.2f}  {f['_mean_abs_log_error']:.3f}")
 
     print("\n2. leave one device out: mean |log error| of its kernels (kernels)")
     print(f"   {'held out':<24} {'one constant':>13} {'its class':>10}")
@@ -77,8 +93,7 @@ def main(argv=None) -> int:
         same = (slot if name in slot else set(devs) - slot) - {name}
         f_all, f_cls = fit(others), fit(same)
         held[name] = (f_all, f_cls)
-        (l_all, n), (l_cls, _) = loss([name], f_all["eff"], f_all["k_half"]), loss([name], f_cls["eff"],
-                                                                                     f_cls["k_half"])
+        (l_all, n), (l_cls, _) = loss([name], f_all), loss([name], f_cls)
         print(f"   {name:<24} {l_all:13.3f} {l_cls:10.3f}  ({n}; class fit on {sorted(same)})")
 
     print("\n3. devices no fit saw: the lent GPUs' fp32 GEMMs (flops > 1e9), mean |log error| and the median "
@@ -98,7 +113,8 @@ def main(argv=None) -> int:
         for label in ("all five", "other"):
             f = fits[label]
             params = replace(default_params(), gemm_efficiency_fp32=f["eff"], gemm_k_half=f["k_half"],
-                             memory_efficiency=mem, kernel_launch_us=0.0, kernel_floor_us=0.0)
+                             gemm_unaligned_share=f["unaligned"], memory_efficiency=mem, kernel_launch_us=0.0,
+                             kernel_floor_us=0.0)
             cost = RooflineCost(hw, params)
             t = np.array([cost.compute_time_s(op) for op in ops_])
             out.append(f"{label} {np.mean(np.abs(np.log(t) - y)):.3f}")
@@ -128,7 +144,7 @@ def main(argv=None) -> int:
         for f in (f_all, f_cls):
             # the fitted efficiency itself, not derated again for a slot-powered card
             p = replace(base, gemm_efficiency_fp32=f["eff"], gemm_k_half=f["k_half"],
-                        slot_power_compute_share=1.0)
+                        gemm_unaligned_share=f["unaligned"], slot_power_compute_share=1.0)
             logs.append(math.log(simulate(spec, cost=RooflineCost(spec.hardware, p)).iteration_time_s * 1e3
                                  / measured))
         rows.append((name, *logs))

@@ -11,9 +11,9 @@ Each model's two whole-step constants (with the tensor-core GEMM efficiency) are
 ``experiments/calibrate_steps.py --model floor|host`` on every 4th vTrain run (jointly with the 10 SC21 runs
 until 2026-11-29: the floor model's default below is that fit's; since then SC21 is held out). This prints,
 for both, the simulator's MAPE and mean log(predicted / measured) on the fit's runs and on runs neither fit
-saw: SC21 (the host model's), the other three quarters of vTrain, NeuSight's training steps on five GPUs, and every
-transformer step of this project's own data sets (``datasets/measured``: the lent H100's and H200's, whose
-small steps are bound by their hosts, and the CPUs'). A step that cannot be simulated is counted, not scored.
+saw: SC21 (the host model's), the other three quarters of vTrain, NeuSight's steps on five GPUs (all, then
+per GPU), and every transformer step of this project's own data sets (``datasets/measured``: the lent H100's
+and H200's, whose small steps are bound by their hosts, and the CPUs'). A step that cannot be simulated is counted, not scored.
 
     python experiments/host_pipeline.py [--floor EFF,FLOOR_US] [--host EFF,DISPATCH_US]
 """
@@ -61,7 +61,11 @@ def main(argv=None) -> int:
     sets["vTrain, fit quarter"] = [(r.run, r.iteration_time_ms) for r in vtrain[::4]]
     sets["SC21 (held out)"] = [(r.run, r.iteration_time_ms) for r in load_sc21()]
     sets["vTrain, other 3/4"] = [(r.run, r.iteration_time_ms) for i, r in enumerate(vtrain) if i % 4]
-    sets["NeuSight steps"] = [(json.loads(s["run"]), s["iteration_time_ms"]) for s in load_neusight_steps().records]
+    neusight = load_neusight_steps().records
+    sets["NeuSight steps"] = [(json.loads(s["run"]), s["iteration_time_ms"]) for s in neusight]
+    for name in sorted({s["device_name"] for s in neusight}):  # each GPU's, to see which one moved
+        sets[f"  {name}"] = [(json.loads(s["run"]), s["iteration_time_ms"])
+                             for s in neusight if s["device_name"] == name]
     for d in sorted(p for p in (ROOT / "datasets" / "measured").iterdir() if p.is_dir()):
         verify_manifest(d)
         files = sorted(d.glob("steps_*.parquet"))

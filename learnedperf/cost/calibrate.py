@@ -4,9 +4,10 @@
   five GPUs, fp32, kernels over 100 µs): ``t = bytes / (bandwidth · η_mem)``
   with each device's data-sheet bandwidth → ``memory_efficiency``.
 * fp32 GEMMs (NeuSight ``linear`` and ``bmm`` on the same GPUs): the roofline
-  GEMM model with wave quantisation → ``gemm_efficiency_fp32``, ``gemm_k_half`` on the three 250 W cards
-  (A100, V100, P100 PCIe), then → ``slot_power_compute_share`` on the two powered by their slot alone
-  (T4, P4: ``cost.params.slot_powered``), with the other two constants held.
+  GEMM model with wave quantisation → ``gemm_efficiency_fp32``, ``gemm_k_half`` and
+  ``gemm_unaligned_share`` (the share a GEMM with a dimension not a multiple of 16 bytes keeps) on the
+  three 250 W cards (A100, V100, P100 PCIe), then → ``slot_power_compute_share`` on the two powered by
+  their slot alone (T4, P4: ``cost.params.slot_powered``), with the other three constants held.
 * NVLink collectives (vTrain's NCCL all-reduce tables on 2-8 A100s):
   ``t = 2(n-1)·α + 2(n-1)/n·S / (η·B_NVLink)`` → ``alpha_intra_us``,
   ``link_efficiency_intra``. A call's fixed time beside them (``collective_base_us``) fits the tables
@@ -86,9 +87,13 @@ def gemm_fp32_error(ops, memory_eff: float, tile: int = 128):
     linear/bmm ops of ``ops`` that take over 0.1 ms.
 
     Returns:
-        ``(log_error, kernels)``: ``log_error(eff, k_half, launch_us)`` is the mean |log(model / measured)| of
-        those kernels (the loss :func:`fit_gemm_fp32` minimises) and ``kernels`` their number.
+        ``(log_error, kernels)``: ``log_error(eff, k_half, launch_us, unaligned)`` is the mean
+        |log(model / measured)| of those kernels (the loss :func:`fit_gemm_fp32` minimises), a kernel with a
+        dimension that is not a multiple of 16 bytes (:func:`~learnedperf.cost.params.gemm_aligned`) reaching
+        ``unaligned`` of the efficiency, and ``kernels`` their number.
     """
+    from .params import gemm_aligned
+
     devs = _devices()
     d = ops[ops.op.isin(["linear", "bmm"]) & ops.device.isin(list(devs)) & (ops.latency_ms > 0.1)]
     # NeuSight's linear/bmm multiply [B,M,N] x [B,N,K] -> [B,M,K]: N is the reduction dimension
@@ -103,9 +108,10 @@ def gemm_fp32_error(ops, memory_eff: float, tile: int = 128):
     waves = np.ceil(tiles / sms)
     wave_eff = tiles / (waves * sms)
     y = np.log(d.latency_ms.to_numpy(float) * 1e-3)
+    aligned = np.array([gemm_aligned((b, m, k, n), 4) for b, m, k, n in zip(B, M, K, N)])
 
-    def log_error(eff: float, k_half: float, launch_us: float = 0.0) -> float:
-        eff = eff * wave_eff * K / (K + k_half)
+    def log_error(eff: float, k_half: float, launch_us: float = 0.0, unaligned: float = 1.0) -> float:
+        eff = eff * np.where(aligned, 1.0, unaligned) * wave_eff * K / (K + k_half)
         t = launch_us * 1e-6 + np.maximum(flops / (peak * eff), nbytes / bw)
         return float(np.mean(np.abs(np.log(t) - y)))
 
@@ -114,22 +120,24 @@ def gemm_fp32_error(ops, memory_eff: float, tile: int = 128):
 
 def fit_gemm_fp32(ops, memory_eff: float, launch_us: float, tile: int = 128,
                   share_of: dict[str, float] | None = None) -> dict[str, float]:
-    """Fit ``gemm_efficiency_fp32`` and ``gemm_k_half`` on NeuSight's fp32 linear/bmm ops (those of the
-    devices ``ops`` holds; :func:`gemm_fp32_error`'s loss).
+    """Fit ``gemm_efficiency_fp32``, ``gemm_k_half`` and ``gemm_unaligned_share`` (``unaligned``) on NeuSight's
+    fp32 linear/bmm ops (those of the devices ``ops`` holds; :func:`gemm_fp32_error`'s loss).
 
-    ``share_of``: ``{"eff": e, "k_half": k}`` fixes those two and fits the share ``share`` of them a device
-    reaches instead (``slot_power_compute_share``: pass the slot-powered devices' ops)."""
+    ``share_of``: ``{"eff": e, "k_half": k, "unaligned": u}`` fixes those three and fits the share ``share`` of
+    the efficiency a device reaches instead (``slot_power_compute_share``: pass the slot-powered devices'
+    ops)."""
     log_error, _n = gemm_fp32_error(ops, memory_eff, tile)
 
     def loss(p):
-        return log_error(p["eff"] * p["share"], p["k_half"], launch_us)
+        return log_error(p["eff"] * p["share"], p["k_half"], launch_us, p["unaligned"])
 
     if share_of is not None:
         return _grid_fit(loss, {"eff": np.array([share_of["eff"]]), "k_half": np.array([share_of["k_half"]]),
+                                "unaligned": np.array([share_of["unaligned"]]),
                                 "share": np.round(np.linspace(0.2, 1.0, 81), 3)})
-    return _grid_fit(loss, {"eff": np.linspace(0.4, 1.0, 61), "k_half": np.array([0, 8, 16, 32, 48, 64, 96, 128,
-                                                                                  192, 256]),
-                            "share": np.array([1.0])})
+    return _grid_fit(loss, {"eff": np.round(np.linspace(0.4, 1.0, 61), 3),
+                            "k_half": np.array([0, 8, 16, 32, 48, 64, 96, 128, 192, 256]),
+                            "unaligned": np.round(np.linspace(0.5, 1.0, 51), 3), "share": np.array([1.0])})
 
 
 def allreduce_tables(data_dir: Path):
@@ -484,7 +492,8 @@ def main(argv: list[str] | None = None) -> int:
     every = pd.concat(list(gpu.values()), ignore_index=True)
     # the attention model reads the memory bound and the GEMMs' k½ ramp fitted above
     fitted = replace(default_params(), memory_efficiency=mem["eff"], gemm_efficiency_fp32=gemm["eff"],
-                     gemm_k_half=gemm["k_half"], slot_power_compute_share=share["share"])
+                     gemm_k_half=gemm["k_half"], gemm_unaligned_share=gemm["unaligned"],
+                     slot_power_compute_share=share["share"])
     for name, rows in gpu.items():
         one = fit_attention(rows, base=fitted)
         others = pd.concat([r for n, r in gpu.items() if n != name], ignore_index=True) if len(gpu) > 1 else None
@@ -506,8 +515,10 @@ def main(argv: list[str] | None = None) -> int:
                                               f"slot alone: {', '.join(sorted(set(devs) - set(slot)))}); "
                                               f"mean |log err| {gemm['_mean_abs_log_error']:.3f}"),
         "gemm_k_half": (gemm["k_half"], f"{src_ops} (same fit)"),
+        "gemm_unaligned_share": (gemm["unaligned"], f"{src_ops} (same fit; the 16-byte rule is NVIDIA's, "
+                                                   f"cost.params.GEMM_ALIGN_BYTES)"),
         "slot_power_compute_share": (share["share"], f"{src_ops} (linear+bmm fp32 of the slot-powered GPUs, "
-                                                    f"{', '.join(sorted(slot))}, with the two constants above "
+                                                    f"{', '.join(sorted(slot))}, with the three constants above "
                                                     f"held); mean |log err| {share['_mean_abs_log_error']:.3f}"),
         "alpha_intra_us": (ar["alpha_us"], f"{src_ar}; mean |log err| {ar['_mean_abs_log_error']:.3f}"),
         "link_efficiency_intra": (ar["eff"], f"{src_ar} (same fit; NVLink3 300 GB/s per direction)"),

@@ -23,6 +23,19 @@ from typing import Optional
 #: this is powered by the slot alone and is built to that budget, not to hold its boost clock under load.
 SLOT_POWER_W = 75.0
 
+#: The width of the vector loads a GEMM kernel reads its operands with: 16 bytes (NVIDIA, *Matrix
+#: Multiplication Background User's Guide*, "Tensor Core Requirements": dimensions that are multiples of
+#: 16 bytes; the 128-bit LDG of CUTLASS's SIMT and tensor-core iterators, whose ``kAlignment`` is 16 bytes
+#: over the element size). A dimension of another length makes cuBLAS take a kernel of narrower loads.
+GEMM_ALIGN_BYTES = 16
+
+
+def gemm_aligned(shape, dtype_bytes: int) -> bool:
+    """Whether a GEMM of ``shape`` ``(b, m, n, k)`` has every one of m, n and k a multiple of
+    :data:`GEMM_ALIGN_BYTES` bytes of its ``dtype_bytes``-byte elements."""
+    step = max(1, GEMM_ALIGN_BYTES // dtype_bytes)
+    return all(int(d) % step == 0 for d in shape[1:4])
+
 
 def slot_powered(device) -> bool:
     """Whether ``device`` (a DeviceSpec or a catalog dict) is a card powered by its slot alone: its data
@@ -78,6 +91,11 @@ class CostParams:
             :data:`SLOT_POWER_W`, as the T4, P4 and L4), the share of its data-sheet compute peaks, quoted
             at the boost clock, that it sustains under a GEMM's load: its GEMM efficiencies are the other
             devices' times this. 1: no derating.
+        gemm_unaligned_share: the share of ``gemm_efficiency_fp32`` an fp32 GEMM reaches when one of its
+            dimensions (m, n or the inner k) is not a multiple of :data:`GEMM_ALIGN_BYTES` bytes: its operands
+            cannot be read with 16-byte vector loads, and cuBLAS falls back to kernels that read them element
+            by element. Tensor-core GEMMs are not derated (no unaligned tensor-core kernel has been measured).
+            1: alignment ignored.
 
     Held out one CPU at a time, the shipped learned model is best with nothing fitted on CPU steps
     (README, *Constants of a measured device*): ``gnn_residual+ops`` on the Xeon / EPYC was at 10.6 /
@@ -107,6 +125,7 @@ class CostParams:
     curve_efficiency: Optional[float] = None
     curve_memory_efficiency: Optional[float] = None
     slot_power_compute_share: float = 1.0
+    gemm_unaligned_share: float = 1.0
 
     def to_dict(self) -> dict:
         """Plain dict of the constants."""

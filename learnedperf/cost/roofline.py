@@ -9,7 +9,7 @@ from ..specs import HardwareSpec
 from .base import CommCost, CostModel
 from .collective import collective_cost
 from .curves import curve_rate_flops
-from .params import CostParams, default_params, slot_powered
+from .params import CostParams, default_params, gemm_aligned, slot_powered
 
 _TC_PRECISIONS = ("tf32", "bf16", "fp16", "fp8")
 
@@ -118,6 +118,8 @@ class RooflineCost(CostModel):
             peak, eff = self._peak_flops(op.dtype, kind)
             tiles = b * math.ceil(m / self.p.tile_m) * math.ceil(n / self.p.tile_n)
             eff *= self._power_share * self._wave_efficiency(tiles) * k / (k + self.p.gemm_k_half)
+            if op.dtype == "fp32" and not gemm_aligned(op.shape, 4):
+                eff *= self.p.gemm_unaligned_share
             t = self._launch + max(op.flops / (peak * eff), op.bytes / self._bw)
         elif kind == "attention":
             b, heads, s_q, s_kv, hd = op.shape
