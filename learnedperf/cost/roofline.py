@@ -29,7 +29,9 @@ class RooflineCost(CostModel):
 
     A GEMM takes ``launch + max(FLOPs / (peak·η), bytes / (bandwidth·η_mem))`` where
     η is the fitted large-GEMM efficiency times wave quantisation over the SMs
-    (``tiles / (waves·SMs)``) times an inner-dimension factor ``k / (k + k½)``.
+    (``tiles / (waves·SMs)``) times an inner-dimension factor ``k / (k + k½)``; an fp32 GEMM with a
+    dimension that is not a multiple of 16 bytes (:func:`~learnedperf.cost.params.gemm_aligned`) reaches
+    ``gemm_unaligned_share`` of that.
     Fused attention runs at a fitted fraction of peak and skips the masked half
     of a causal score matrix; every other kind is memory bound. A collective whose measured bus
     bandwidth is a fraction of all-reduce's (``hardware.collective_busbw_ratio``) moves its bytes
