@@ -22,7 +22,7 @@ measured end-to-end latency of ``neusight_step_times.csv`` (forward + backward, 
 ``measured×L`` is the node sum scaled the same way: how much of the step the nodes explain at all.
 
 Prints one row per graph and MAPE per device and overall, then measured vs predicted milliseconds
-per op kind and direction (where the error comes from).
+per op kind and direction (where the error comes from) and the GEMMs' sums per device.
 
     python experiments/neusight_graphs.py [--modes train] [--rows-per-device 30000]
                                           [--n-estimators 300] [--with-graph-nodes]
@@ -146,6 +146,12 @@ def main() -> None:
     by = graph.groupby(["kind", "direction"])[["time_ms", "roofline_ms", "gbdt_ms"]].sum()
     by["n"] = graph.groupby(["kind", "direction"]).size()
     print(by.rename(columns={"time_ms": "measured_ms"}).round(2).to_string())
+    print()
+    print("mapped GEMMs (kind matmul) per device, summed over its graphs (ms), and the models' ratio to measured:")
+    mm = graph[graph["kind"] == "matmul"].groupby("device_name")[["time_ms", "roofline_ms", "gbdt_ms"]].sum()
+    mm["roofline/measured"] = mm["roofline_ms"] / mm["time_ms"]
+    mm["GBDT/measured"] = mm["gbdt_ms"] / mm["time_ms"]
+    print(mm.rename(columns={"time_ms": "measured_ms"}).round(3).to_string())
     left = unmapped.groupby("reason")[["nodes", "fw_latency_ms", "bw_latency_ms", "acc_latency_ms"]].sum()
     print()
     print("not mapped (all graphs): nodes and the latency they carry (ms):")
