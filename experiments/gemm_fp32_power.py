@@ -47,7 +47,6 @@ def main(argv=None) -> int:
     from learnedperf.cost import RooflineCost, default_params
     from learnedperf.cost import calibrate as cal
     from learnedperf.graph.ops import Op
-    from learnedperf.cost.params import gemm_aligned
     from learnedperf.measure.public import default_shared_data, load_neusight_ops, load_neusight_steps
     from learnedperf.simulate import simulate
     from learnedperf.specs import HardwareSpec, RunSpec
@@ -68,13 +67,9 @@ def main(argv=None) -> int:
     print(f"slot-powered (tdp_W <= {SLOT_POWER_W:.0f} W): {sorted(slot)}")
     print("\n0. median share of the data-sheet fp32 peak of the linear+bmm kernels over 10 GFLOP, every dimension a "
           "multiple of 16 bytes or not (kernels)")
-    for name, rows in load_neusight_ops(data, ops=("linear", "bmm")).groupby("device_name"):
-        rows = rows[(rows["kind"] == "matmul") & (rows["flops"] > 1e10)]
-        share = (rows["flops"] / (rows["time_ms"] * 1e-3)
-                 / (json.loads(rows["device"].iloc[0])["peak_tflops"]["fp32"] * 1e12)).to_numpy()
-        aligned = np.array([gemm_aligned(json.loads(s), 4) for s in rows["shape"]])
-        print(f"   {name:<24} aligned {np.median(share[aligned]):.3f} ({aligned.sum()}), "
-              f"not {np.median(share[~aligned]):.3f} ({(~aligned).sum()})")
+    shares = cal.gemm_fp32_alignment_shares(load_neusight_ops(data, ops=("linear", "bmm")))
+    for name, (al, n_al, un, n_un) in shares.items():
+        print(f"   {name:<24} aligned {al:.3f} ({n_al}), not {un:.3f} ({n_un})")
     print("\n1. fp32 GEMM efficiency fitted on NeuSight's linear+bmm kernels over 100 us (eff, k_half, the share "
           "an unaligned GEMM keeps, loss)")
     every = fit(devs)

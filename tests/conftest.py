@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import math
 import sys
 from pathlib import Path
 
@@ -54,6 +55,20 @@ LLAMA_GQA = {"name": "llama-gqa", "arch": "llama", "num_layers": 4, "hidden_size
 MOE = {"name": "moe-8x", "arch": "moe", "num_layers": 4, "hidden_size": 2048, "num_attention_heads": 16,
        "num_kv_heads": 4, "ffn_hidden_size": 5632, "vocab_size": 32000, "seq_length": 2048,
        "num_experts": 8, "moe_top_k": 2}
+
+
+def neusight_gemm_row(name: str, device: dict, B: int, M: int, N: int, K: int, eff: float,
+                      memory_eff: float = 0.7) -> dict:
+    """A raw ``neusight_ops.parquet`` row of a linear kernel ``[B,M,K] x [K,N]`` on the catalog ``device`` named
+    ``name``, timed by the roofline GEMM model (128×128 tiles over the SMs) at ``eff`` of the fp32 peak, a share
+    that already holds the k½ ramp and any alignment or power share: synthetic data for the calibration fits."""
+    flops, nbytes = 2.0 * B * M * N * K, 4.0 * B * (M * K + K * N + M * N)
+    tiles = B * math.ceil(M / 128) * math.ceil(N / 128)
+    wave = tiles / (math.ceil(tiles / device["num_sms"]) * device["num_sms"])
+    t = max(flops / (device["peak_tflops"]["fp32"] * 1e12 * eff * wave),
+            nbytes / (device["memory_bandwidth_GBps"] * 1e9 * memory_eff))
+    # NeuSight's columns: N is the reduction dimension (calibrate.fit_gemm_fp32)
+    return {"op": "linear", "device": name, "latency_ms": t * 1e3, "B": B, "M": M, "N": K, "K": N}
 
 
 #: The experiment scripts (``python experiments/NAME.py``), which some tests load as modules.

@@ -5,21 +5,19 @@
 from __future__ import annotations
 
 import copy
-import json
-import math
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from learnedperf.cost import CostParams, RooflineCost
-from learnedperf.cost.calibrate import _devices, fit_gemm_fp32
+from learnedperf.cost.calibrate import _devices, fit_gemm_fp32, gemm_fp32_alignment_shares
 from learnedperf.cost.params import GEMM_ALIGN_BYTES, gemm_aligned, slot_powered
 from learnedperf.graph.ops import Op
 from learnedperf.measure.public import default_shared_data, load_neusight_ops
 from learnedperf.specs import HardwareSpec
 
-from conftest import A100_LIKE, KNOWN_PARAMS
+from conftest import A100_LIKE, KNOWN_PARAMS, neusight_gemm_row
 
 SHARE = 0.8
 
@@ -66,13 +64,8 @@ def test_the_fit_recovers_the_share_that_made_the_times():
             B, M, N, K = (int(x) for x in (rng.integers(1, 4), *rng.integers(256, 4096, size=3)))
             if rng.random() < 0.5:  # half of them aligned
                 M, N, K = 4 * (M // 4), 4 * (N // 4), 4 * (K // 4)
-            flops, nbytes = 2.0 * B * M * N * K, 4.0 * B * (M * K + K * N + M * N)
-            tiles = B * math.ceil(M / 128) * math.ceil(N / 128)
-            wave = tiles / (math.ceil(tiles / d["num_sms"]) * d["num_sms"])
-            eff = 0.85 * wave * K / (K + 32) * (1.0 if M % 4 == N % 4 == K % 4 == 0 else 0.8)
-            t = max(flops / (d["peak_tflops"]["fp32"] * 1e12 * eff), nbytes / (d["memory_bandwidth_GBps"] * 1e9 * 0.7))
-            # NeuSight's columns: N is the reduction dimension (calibrate.fit_gemm_fp32)
-            rows.append({"op": "linear", "device": name, "latency_ms": t * 1e3, "B": B, "M": M, "N": K, "K": N})
+            eff = 0.85 * K / (K + 32) * (1.0 if M % 4 == N % 4 == K % 4 == 0 else 0.8)
+            rows.append(neusight_gemm_row(name, d, B, M, N, K, eff))
     fit = fit_gemm_fp32(pd.DataFrame(rows), 0.7, 0.0)
     assert (fit["eff"], fit["k_half"], fit["unaligned"]) == pytest.approx((0.85, 32.0, 0.8), abs=1e-9)
     assert fit["_mean_abs_log_error"] < 1e-9
@@ -84,11 +77,8 @@ def test_aligned_fp32_gemms_run_faster_on_every_neusight_gpu():
     with every dimension a multiple of 16 bytes reach a higher median share of the data-sheet peak than the
     others (by 11-22 % on the three cards with a power cable, 28-116 % on the two powered by their slot;
     2026-11-29)."""
-    ops = load_neusight_ops(ops=("linear", "bmm"))
-    ops = ops[(ops["kind"] == "matmul") & (ops["flops"] > 1e10)]
-    for name, rows in ops.groupby("device_name"):
-        peak = json.loads(rows["device"].iloc[0])["peak_tflops"]["fp32"] * 1e12
-        share = (rows["flops"] / (rows["time_ms"] * 1e-3) / peak).to_numpy()
-        aligned = np.array([gemm_aligned(json.loads(s), 4) for s in rows["shape"]])
-        assert aligned.sum() > 500 and (~aligned).sum() > 500, name
-        assert np.median(share[aligned]) > 1.05 * np.median(share[~aligned]), name
+    shares = gemm_fp32_alignment_shares(load_neusight_ops(ops=("linear", "bmm")))
+    assert len(shares) == 5
+    for name, (aligned, n_aligned, unaligned, n_unaligned) in shares.items():
+        assert n_aligned > 500 and n_unaligned > 500, name
+        assert aligned > 1.05 * unaligned, name

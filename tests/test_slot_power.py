@@ -5,7 +5,6 @@ compute peaks by ``slot_power_compute_share`` (``learnedperf.cost.params``), fit
 from __future__ import annotations
 
 import copy
-import math
 
 import numpy as np
 import pandas as pd
@@ -18,7 +17,7 @@ from learnedperf.graph.ops import Op
 from learnedperf.measure.public import neusight_devices
 from learnedperf.specs import HardwareSpec
 
-from conftest import A100_LIKE, KNOWN_PARAMS
+from conftest import A100_LIKE, KNOWN_PARAMS, neusight_gemm_row
 
 SHARE = 0.5
 
@@ -71,13 +70,7 @@ def test_the_share_fit_recovers_the_share_that_made_the_times():
         d = devs[name]
         for _ in range(300):
             B, M, N, K = (int(x) for x in (rng.integers(1, 4), *rng.integers(256, 4096, size=3)))
-            # NeuSight's columns: N is the reduction dimension (calibrate.fit_gemm_fp32)
-            flops, nbytes = 2.0 * B * M * N * K, 4.0 * B * (M * K + K * N + M * N)
-            tiles = B * math.ceil(M / 128) * math.ceil(N / 128)
-            wave = tiles / (math.ceil(tiles / d["num_sms"]) * d["num_sms"])
-            eff = 0.8 * 0.55 * wave * K / (K + 32)
-            t = max(flops / (d["peak_tflops"]["fp32"] * 1e12 * eff), nbytes / (d["memory_bandwidth_GBps"] * 1e9 * 0.7))
-            rows.append({"op": "linear", "device": name, "latency_ms": t * 1e3, "B": B, "M": M, "N": K, "K": N})
+            rows.append(neusight_gemm_row(name, d, B, M, N, K, 0.8 * 0.55 * K / (K + 32)))
     fit = fit_gemm_fp32(pd.DataFrame(rows), 0.7, 0.0, share_of={"eff": 0.8, "k_half": 32.0, "unaligned": 1.0})
     assert fit["share"] == pytest.approx(0.55, abs=1e-9)
     assert fit["_mean_abs_log_error"] < 1e-9

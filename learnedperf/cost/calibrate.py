@@ -34,6 +34,7 @@ and stores them with their provenance in ``cost/data/params.json``.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from pathlib import Path
 
@@ -116,6 +117,24 @@ def gemm_fp32_error(ops, memory_eff: float, tile: int = 128):
         return float(np.mean(np.abs(np.log(t) - y)))
 
     return log_error, len(d)
+
+
+def gemm_fp32_alignment_shares(records, min_flops: float = 1e10) -> dict[str, tuple[float, int, float, int]]:
+    """The premise of ``gemm_unaligned_share``, measured: for each device of the operator ``records``
+    (:func:`learnedperf.measure.public.load_neusight_ops`' frame: NeuSight's linear/bmm kernels), the median share
+    of its descriptor's fp32 peak that its GEMMs of over ``min_flops`` reach with every dimension a multiple of
+    16 bytes and without, and how many of each: ``{device_name: (aligned median, aligned kernels, unaligned
+    median, unaligned kernels)}``."""
+    from .params import gemm_aligned
+
+    out = {}
+    for name, rows in records[(records["kind"] == "matmul") & (records["flops"] > min_flops)].groupby("device_name"):
+        peak = json.loads(rows["device"].iloc[0])["peak_tflops"]["fp32"] * 1e12
+        share = (rows["flops"] / (rows["time_ms"] * 1e-3) / peak).to_numpy()
+        aligned = np.array([gemm_aligned(json.loads(s), 4) for s in rows["shape"]], dtype=bool)
+        out[name] = (float(np.median(share[aligned])), int(aligned.sum()),
+                     float(np.median(share[~aligned])), int((~aligned).sum()))
+    return out
 
 
 def fit_gemm_fp32(ops, memory_eff: float, launch_us: float, tile: int = 128,
