@@ -15,7 +15,9 @@ saw: SC21 (the host model's), the other three quarters of vTrain, NeuSight's ste
 per GPU), and every transformer step of this project's own data sets (``datasets/measured``: the lent H100's
 and H200's, whose small steps are bound by their hosts, and the CPUs'). A step that cannot be simulated is counted, not scored.
 
-    python experiments/host_pipeline.py [--floor EFF,FLOOR_US] [--host EFF,DISPATCH_US]
+    python experiments/host_pipeline.py [--floor EFF,FLOOR_US] [--host EFF,DISPATCH_US] [--neusight-runs]
+
+``--neusight-runs`` also prints each NeuSight step: measured, the host model's time and its error.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ def main(argv=None) -> int:
     ap.add_argument("--host", type=_pair, default=None,
                     help="tensor-core efficiency and host dispatch (µs) of the host model (default: the shipped "
                          "constants, learnedperf/cost/data/params.json)")
+    ap.add_argument("--neusight-runs", action="store_true",
+                    help="also print each NeuSight step: measured ms, the host model's ms and the error")
     args = ap.parse_args(argv)
     import numpy as np
     import pandas as pd
@@ -98,6 +102,13 @@ def main(argv=None) -> int:
         a = np.asarray(out)
         mape, bias = 100 * np.mean(np.abs(np.exp(a) - 1), axis=0), a.mean(axis=0)
         print(f"{name:<24} {len(a):>5}  {mape[0]:9.1f}% {bias[0]:+6.2f}  {mape[1]:8.1f}% {bias[1]:+6.2f}  {failed}")
+    if args.neusight_runs:
+        print("\nNeuSight steps, host model:")
+        print(f"  {'run':<64} {'measured ms':>11} {'predicted':>10} {'error':>7}")
+        for run, measured in sets["NeuSight steps"]:
+            spec = RunSpec.from_dict(run)
+            t = simulate(spec, cost=RooflineCost(spec.hardware, models["host"])).iteration_time_s * 1e3
+            print(f"  {run['id']:<64} {measured:11.1f} {t:10.1f} {100 * (t / measured - 1):+6.1f}%")
     return 0
 
 

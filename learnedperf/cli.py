@@ -174,8 +174,9 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
                         "padded (Megatron-Core's moe_expert_capacity_factor with padding; for a dropless router, "
                         "its max/mean expert load)")
     m.add_argument("--eager", dest="fused_elementwise", action="store_const", const=False,
-                   help="eager PyTorch: RoPE and SwiGLU one kernel per tensor operation (Hugging Face "
-                        "Transformers, learnedperf measure); default: one fused kernel each (Megatron-Core)")
+                   help="eager PyTorch: RoPE, SwiGLU, gelu_new and (without flash attention) attention's "
+                        "scaling, mask and softmax one kernel per tensor operation (Hugging Face Transformers, "
+                        "learnedperf measure); default: one fused kernel each (Megatron-Core)")
     m.add_argument("--no-moe-grouped-gemm", dest="moe_grouped_gemm", action="store_const", const=False,
                    help="experts run one at a time, each expert operation launched once per local expert "
                         "(Megatron-Core's SequentialMLP, Hugging Face's expert loops); default: grouped GEMMs")

@@ -1,9 +1,11 @@
-"""Eager element-wise chains (``strategy.fused_elementwise`` false): RoPE and SwiGLU as eager PyTorch runs them.
+"""Eager element-wise chains (``strategy.fused_elementwise`` false): RoPE, SwiGLU, GPT-2's written-out GELU and
+attention's scores without a fused kernel, as eager PyTorch runs them.
 
 The traffic and kernel counts of the graph's eager ops are checked against what PyTorch itself executes for the
-measure harness's own ``apply_rope`` and ``activate`` (every non-view aten op of the forward and of the
-backward logged by a dispatch mode, with the bytes of its tensor inputs and outputs), and the host's charge for
-them against the closed form of :func:`learnedperf.cost.host_bound_s`.
+measure harness's own ``apply_rope`` and ``activate`` and for Hugging Face's eager attention expressions
+(every non-view aten op of the forward and of the backward logged by a dispatch mode, with the bytes of its
+tensor inputs and outputs), and the host's charge for them against the closed form of
+:func:`learnedperf.cost.host_bound_s`.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import pytest
 
 from conftest import GPT_SMALL, KNOWN_PARAMS, LLAMA_GQA, MOE, make_run, roofline
 from learnedperf.graph.execution import recompute_ops
-from learnedperf.graph.transformer import EAGER_ROPE, EAGER_SWIGLU, backward_of, layer_forward, shard_for
+from learnedperf.graph.transformer import (EAGER_GELU_NEW, EAGER_ROPE, EAGER_SOFTMAX, EAGER_SOFTMAX_CAUSAL,
+                                           EAGER_SWIGLU, backward_of, layer_forward, shard_for)
 from learnedperf.graph.ops import Group
 from learnedperf.simulate import simulate
 from learnedperf.simulate.memory import layer_activation_bytes
@@ -97,6 +100,61 @@ def test_eager_swiglu_matches_the_kernels_pytorch_runs():
     assert (bf, bb) == (passes_fwd * n, passes_bwd * n)
 
 
+def test_eager_gelu_new_matches_the_kernels_pytorch_runs():
+    pytest.importorskip("torch")
+    import torch
+
+    from learnedperf.measure.models import activate
+
+    rows, width = 64, 48
+    y = torch.randn(rows, width, requires_grad=True) * 1.0
+    (kf, bf), (kb, bb) = _aten_traffic(lambda t: activate(t, "gelu_new"), y)
+    k_fwd, passes_fwd, k_bwd, passes_bwd = EAGER_GELU_NEW
+    n = rows * width * 4
+    assert (kf, kb) == (k_fwd, k_bwd)
+    assert (bf, bb) == (passes_fwd * n, passes_bwd * n)
+    # the same function as PyTorch's one-kernel tanh GELU
+    assert torch.allclose(activate(y, "gelu_new"), activate(y, "gelu"), atol=1e-6)
+
+
+def _hf_scores(causal: bool, b: int, s: int):
+    """The scores between attention's two products as Hugging Face's eager attention computes them (transformers'
+    GPT2Attention._attn: divide by a scalar tensor it creates, ``torch.where`` with the causal mask and a fill
+    value it creates, softmax; BertSelfAttention: divide, add the extended padding mask, softmax). The masks exist before
+    (GPT-2's is a buffer, BERT's is extended once per forward)."""
+    import torch
+
+    causal_mask = torch.tril(torch.ones(s, s, dtype=torch.bool))[None, None]
+    padding = torch.zeros(b, 1, 1, s)
+
+    def run(w):
+        if causal:
+            w = w / torch.full([], 8.0)
+            w = torch.where(causal_mask, w, torch.full([], torch.finfo(w.dtype).min))
+        else:
+            w = w / 8.0 + padding
+        return torch.softmax(w, dim=-1)
+    return run
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_eager_softmax_matches_the_kernels_pytorch_runs(causal):
+    pytest.importorskip("torch")
+    import torch
+
+    b, heads, s = 2, 4, 64
+    w = torch.randn(b, heads, s, s, requires_grad=True) * 1.0
+    (kf, bf), (kb, bb) = _aten_traffic(_hf_scores(causal, b, s), w, grad_of=[w])
+    k_fwd, passes_fwd, k_bwd, passes_bwd = EAGER_SOFTMAX_CAUSAL if causal else EAGER_SOFTMAX
+    n = w.numel() * 4
+    assert (kf, kb) == (k_fwd, k_bwd)
+    # the model leaves out the masks (causal: a [s, s] bool read each way; padding: a [b, 1, 1, s] table) and
+    # the causal path's 4-byte scalars (the scale and the fill value, at most 16 bytes)
+    mask = s * s if causal else b * s * 4
+    assert bf == pytest.approx(passes_fwd * n + mask, abs=16 if causal else 0)
+    assert bb == pytest.approx(passes_bwd * n + (mask if causal else 0), abs=16 if causal else 0)
+
+
 def test_graph_ops_of_an_eager_layer():
     fused = _ops(make_run(LLAMA_GQA, precision="bf16"))
     eager = _ops(make_run(LLAMA_GQA, precision="bf16", fused_elementwise=False))
@@ -120,10 +178,60 @@ def test_graph_ops_of_an_eager_layer():
 
 
 def test_models_without_rope_or_gates_run_the_same_either_way():
+    # with the fused attention kernel (flash_attention, the default), GELU and learned positions
     fused, eager = make_run(GPT_SMALL), make_run(GPT_SMALL, fused_elementwise=False)
     assert _ops(fused) == _ops(eager)
     assert simulate(eager, cost=roofline(eager)).iteration_time_s == \
         simulate(fused, cost=roofline(fused)).iteration_time_s
+
+
+@pytest.mark.parametrize("arch", ["gpt", "bert"])
+def test_attention_without_a_fused_kernel_runs_its_scores_apart_in_eager_pytorch(arch):
+    model = {**GPT_SMALL, "arch": arch}
+    kw = dict(precision="fp32", flash_attention=False)
+    fused, eager = _ops(make_run(model, **kw)), _ops(make_run(model, fused_elementwise=False, **kw))
+    b, heads, s = 1, GPT_SMALL["num_attention_heads"], GPT_SMALL["seq_length"]
+    n = b * heads * s * s
+    chain = EAGER_SOFTMAX_CAUSAL if arch == "gpt" else EAGER_SOFTMAX
+    sm, sm_b = eager["layer.attn.softmax"], eager["layer.attn.softmax.bwd"]
+    assert (sm.kind, sm.bytes, sm.kernels, sm.chained) == ("softmax", chain[1] * n * 4, chain[0], chain[0] - 1)
+    assert (sm_b.bytes, sm_b.kernels, sm_b.chained) == (chain[3] * n * 4, chain[2], chain[2] - 1)
+    # Megatron's fused scale-mask-softmax: one kernel reading and writing the scores
+    assert (fused["layer.attn.softmax"].bytes, fused["layer.attn.softmax"].kernels) == (2 * n * 4, 1)
+    assert {k: v for k, v in fused.items() if ".softmax" not in k} == \
+        {k: v for k, v in eager.items() if ".softmax" not in k}
+
+
+def test_gelu_new_is_a_chain_in_eager_pytorch_and_one_kernel_fused():
+    model = {**GPT_SMALL, "activation": "gelu_new"}
+    T, f = GPT_SMALL["seq_length"], 4 * GPT_SMALL["hidden_size"]
+    eager = _ops(make_run(model, fused_elementwise=False))
+    act, act_b = eager["layer.mlp.act"], eager["layer.mlp.act.bwd"]
+    assert (act.bytes, act.kernels, act.chained) == (EAGER_GELU_NEW[1] * T * f * 2, 8, 7)
+    assert (act_b.bytes, act_b.kernels, act_b.chained) == (EAGER_GELU_NEW[3] * T * f * 2, 11, 10)
+    # fused, GPT-2's GELU is any GELU: one kernel
+    assert _ops(make_run(model)) == _ops(make_run(GPT_SMALL))
+    # eager, it saves tanh's output, 0.5·x and 1 + tanh besides its input (saved_tensors_hooks, below)
+    eager_run = make_run(model, fused_elementwise=False)
+    assert layer_activation_bytes(eager_run) - layer_activation_bytes(make_run(model)) == 3 * T * f * 2
+
+
+def test_gelu_new_saves_four_tensors_of_its_input():
+    pytest.importorskip("torch")
+    import torch
+
+    from learnedperf.measure.models import activate
+
+    y = torch.randn(64, 48, requires_grad=True) * 1.0
+    saved = {}
+
+    def pack(t):
+        saved[t.data_ptr()] = t.numel()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        activate(y, "gelu_new")
+    assert sum(saved.values()) == 4 * y.numel() and y.data_ptr() in saved
 
 
 def test_the_host_issues_chained_kernels_at_their_own_rate():

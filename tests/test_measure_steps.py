@@ -143,6 +143,9 @@ def test_invalid_model_names_the_field():
         plan_step(StepConfig({"arch": "rnn"}, 1))
     with pytest.raises(InputError, match=r"^model\.depth"):
         plan_step(StepConfig({"arch": "mlp", "depth": 3}, 1))
+    # the harness builds language models: a classification head is refused, not measured as an LM head
+    with pytest.raises(InputError, match=r"^model\.lm_head"):
+        plan_step(StepConfig({**GPT, "lm_head": False}, 1))
 
 
 def test_failing_rank_surfaces_as_one_error():

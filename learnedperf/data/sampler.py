@@ -111,8 +111,9 @@ _ZB_V_SHARE = 0.5
 #: share of the other interleaved pipelines (without layer-by-layer gathers) drawn as interleaved zero bubble
 #: instead: a sampling choice so that the split backward over interleaved chunks appears in training
 _INTERLEAVED_ZB_SHARE = 0.3
-#: share of runs with RoPE or a gated activation drawn in eager PyTorch (``fused_elementwise`` false: Hugging
-#: Face and learnedperf measure's models): a sampling choice so that eager chains appear in training
+#: share of runs with RoPE, a gated or written-out activation or attention without a fused kernel drawn in eager
+#: PyTorch (``fused_elementwise`` false: Hugging Face and learnedperf measure's models): a sampling choice so that
+#: eager chains appear in training
 _EAGER_SHARE = 0.2
 #: share of runs with recomputation drawn with the non-reentrant checkpoint (``checkpoint_impl``: PyTorch's
 #: checkpoint_wrapper and learnedperf measure's models): a sampling choice so that its host cost appears in training
@@ -393,7 +394,9 @@ def _draw_strategy(rng: random.Random, spec_model: Any, device: dict, num_device
             s["pipeline_schedule"] = "zb-v"
         elif rng.random() < _INTERLEAVED_ZB_SHARE:
             s["pipeline_schedule"] = "interleaved-zb"
-    if (m.position_embedding == "rope" or m.activation == "swiglu") and rng.random() < _EAGER_SHARE:
+    eager_differs = (m.position_embedding == "rope" or m.activation in ("swiglu", "gelu_new")
+                     or not s.get("flash_attention", True))  # eager attention: scaling, mask and softmax apart
+    if eager_differs and rng.random() < _EAGER_SHARE:
         s["fused_elementwise"] = False
     if s.get("recompute", "none") != "none" and rng.random() < _NON_REENTRANT_SHARE:
         s["checkpoint_impl"] = "non_reentrant"

@@ -237,7 +237,7 @@ def layer_cost(run: Any, ctx: RunContext) -> tuple[float, ...]:
     (:meth:`learnedperf.simulate.simulator._Builder.unit_task`)."""
     s, m = run.strategy, ctx.model
     dpn = run.hardware.node_size
-    tied_here = m.tie_embeddings and s.pp * s.virtual_pipeline_stages == 1
+    tied_here = m.tied_head and s.pp * s.virtual_pipeline_stages == 1
     # what the shard is built from, and the strategy fields the costing below reads besides
     key = (*(getattr(s, k) for k in SHARD_STRATEGY_KEYS), s.recompute, s.checkpoint_impl, s.forward_only,
            s.overlap_moe_comm, tied_here)

@@ -480,7 +480,7 @@ def chunk_layout(run: RunSpec) -> list[ChunkLayout]:
         if vs == 0:
             root += model.embedding_params() / tp
         if vs == n_v - 1:
-            if not model.tie_embeddings or (n_v > 1 and not s.v_shape):
+            if model.lm_head and (not model.tie_embeddings or (n_v > 1 and not s.v_shape)):
                 # untied head, or the last stage's own copy of a tied embedding (in a V it is rank 0's table)
                 root += V * h / tp
             root += (2 if model.norm == "layernorm" else 1) * h  # final norm (weight, bias)
@@ -572,7 +572,7 @@ def compile_run(run: RunSpec, num_microbatches: int | None = None) -> ExecutionG
                 key = id(ops)
                 if key not in bwd_memo:  # identical layers share one backward list (and its cost cache)
                     if ops is emb:
-                        bwd_memo[key] = embedding_backward(model, sh, model.tie_embeddings and one_table)
+                        bwd_memo[key] = embedding_backward(model, sh, model.tied_head and one_table)
                     else:
                         # Megatron recomputes transformer layers only, never the embedding or the LM head
                         layer = ops is dense_layer_fwd or ops is moe_layer_fwd
@@ -596,7 +596,7 @@ def compile_run(run: RunSpec, num_microbatches: int | None = None) -> ExecutionG
     # with sequence parallelism Megatron sends only this rank's 1/tp of the activations between stages
     p2p_bytes = sh.tokens * h * sh.e_res / (tp if sh.sp else 1)  # the residual stream crosses stages
     # a tied table on two ranks sums its gradients between them; in a V both ends share rank 0 and one table
-    tied = V * h / tp * gbytes if (model.tie_embeddings and not one_table and not s.forward_only) else 0.0
+    tied = V * h / tp * gbytes if (model.tied_head and not one_table and not s.forward_only) else 0.0
     return ExecutionGraph(run, stages, m, p2p_bytes, pp_group, dp_group, expert_dp_group, tp_group,
                           s.grad_bucket_size_MiB * MiB, gbytes, pbytes, tied, shard_group, expert_shard_group,
                           replicate_group)

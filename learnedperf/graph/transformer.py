@@ -36,7 +36,8 @@ class Shard:
     deepep: bool = False  # tokens dispatched once per rank and per node (Strategy.moe_dispatcher 'deepep')
     expert_load: float = 1.0  # the busiest expert's rows over the balanced share (Strategy.moe_capacity_factor)
     grouped_gemm: bool = True  # local experts' GEMMs in one kernel each, else one expert at a time (moe_grouped_gemm)
-    fused_elementwise: bool = True  # RoPE and SwiGLU one kernel each, else eager PyTorch's chains (fused_elementwise)
+    fused_elementwise: bool = True  # RoPE, SwiGLU, gelu_new, scores: one kernel each, else eager chains
+    forward_only: bool = False  # an inference or evaluation forward (Strategy.forward_only): dropout is the identity
 
     @property
     def e(self) -> int:
@@ -70,7 +71,7 @@ class Shard:
 #: keys on them (``features.run.layer_cost``), so a field a shard gains is added here, once
 SHARD_STRATEGY_KEYS = ("micro_batch_size", "cp", "tp", "sequence_parallel", "precision", "flash_attention", "ep",
                        "autocast", "moe_dispatcher", "expert_load", "moe_grouped_gemm",
-                       "fused_elementwise")
+                       "fused_elementwise", "forward_only")
 
 
 def shard_for(run: RunSpec, tp_group: Group, cp_group: Group, ep_group: Group) -> Shard:
@@ -81,7 +82,7 @@ def shard_for(run: RunSpec, tp_group: Group, cp_group: Group, ep_group: Group) -
                  tp_group=tp_group, cp_group=cp_group, ep_group=ep_group, ep=s.ep, autocast=s.autocast,
                  deepep=s.moe_dispatcher == "deepep",
                  expert_load=s.expert_load, grouped_gemm=s.moe_grouped_gemm,
-                 fused_elementwise=s.fused_elementwise)
+                 fused_elementwise=s.fused_elementwise, forward_only=s.forward_only)
 
 
 #: Eager PyTorch's rotation of one tensor, ``x·cos + rotate_half(x)·sin`` (learnedperf measure's ``apply_rope``,
@@ -96,16 +97,32 @@ EAGER_ROPE = (5, 10.0, 5, 10.0)
 #: (1, 1) and the product (2, 1); backward the product's two gradients (2, 1 each), silu's (2, 1) and the
 #: halves' gradients concatenated into the up projection's output gradient (2, 2) (logged the same way).
 EAGER_SWIGLU = (2, 5.0, 4, 13.0)
+#: Eager GELU's tanh approximation as Hugging Face's ``NewGELUActivation`` (``gelu_new``: GPT-2, GPT-Neo, the
+#: NeuSight GPT-3 configs) writes it, ``0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))``, over the ``width`` elements
+#: of the up projection's output: forward pow, three scalar products, two sums, tanh and the final product
+#: (eight kernels: 18 passes); backward eleven kernels, 28 passes (logged the same way). ``gelu`` (PyTorch's
+#: F.gelu, exact or ``approximate="tanh"``) is one kernel either way.
+EAGER_GELU_NEW = (8, 18.0, 11, 28.0)
+#: Eager attention's scores between the two products, as Hugging Face's eager attention runs them when no fused
+#: kernel does (``flash_attention`` and ``fused_elementwise`` false): a causal decoder's (GPT-2's) scaling and
+#: ``torch.where`` with the causal mask (with the two scalars it makes with torch.full) and softmax, forward five
+#: kernels and 6 passes over the s² scores, backward four and 7; an encoder's (BERT's) scaling, additive padding
+#: mask and softmax, three and 6, backward two and 5 (its mask takes no gradient). NeuSight's traced GPT-2 and
+#: BERT blocks hold these kernels (tests/test_hf_eager_runs.py). Megatron's fused scale-mask-softmax reads and
+#: writes the scores once.
+EAGER_SOFTMAX_CAUSAL = (5, 6.0, 4, 7.0)
+EAGER_SOFTMAX = (3, 6.0, 2, 5.0)
 
 
 def _eager_chain(name: str, sh: Shard, numel: float, cols: int, flops_per_element: float, chain: tuple,
-                 copies: int = 1) -> Op:
-    """One element-wise op standing for eager PyTorch's ``chain`` (:data:`EAGER_ROPE`, :data:`EAGER_SWIGLU`) run
+                 copies: int = 1, kind: str = "elementwise") -> Op:
+    """One element-wise op (of ``kind``) standing for eager PyTorch's ``chain`` (:data:`EAGER_ROPE`,
+    :data:`EAGER_SWIGLU`, :data:`EAGER_GELU_NEW`, :data:`EAGER_SOFTMAX_CAUSAL`, :data:`EAGER_SOFTMAX`) run
     ``copies`` times over ``numel`` elements (rows of ``cols``): its kernels and passes, forward and backward.
     The first kernel costs the host a framework-level dispatch, as the fused kernel does; the rest are bare
     tensor operations (``Op.chained``)."""
     k_fwd, passes_fwd, k_bwd, passes_bwd = chain
-    return Op(name, "elementwise", "fwd", flops_per_element * numel, passes_fwd * numel * sh.e, sh.dtype,
+    return Op(name, kind, "fwd", flops_per_element * numel, passes_fwd * numel * sh.e, sh.dtype,
               (int(numel // cols), cols), kernels=k_fwd * copies, chained=k_fwd * copies - 1,
               bwd=(passes_bwd * numel * sh.e, k_bwd * copies, k_bwd * copies - 1))
 
@@ -119,13 +136,14 @@ def rope_op(name: str, sh: Shard, numel: float, cols: int, tensors: int = 2) -> 
     return _eager_chain(name, sh, numel, cols, 3.0, EAGER_ROPE, tensors)
 
 
-def activation_op(name: str, sh: Shard, numel: float, cols: int, gated: bool) -> Op:
+def activation_op(name: str, sh: Shard, numel: float, cols: int, gated: bool, written_out: bool = False) -> Op:
     """The MLP's activation over ``numel`` output elements (rows of ``cols``): one kernel, reading the up
-    projection's output (both halves when ``gated``) and writing its own; a gated one under eager PyTorch
-    (``sh.fused_elementwise`` false) runs :data:`EAGER_SWIGLU`'s chain instead."""
-    if not gated or sh.fused_elementwise:
+    projection's output (both halves when ``gated``) and writing its own; under eager PyTorch
+    (``sh.fused_elementwise`` false) a gated one runs :data:`EAGER_SWIGLU`'s chain instead and one
+    ``written_out`` as tensor operations (``gelu_new``) :data:`EAGER_GELU_NEW`'s."""
+    if sh.fused_elementwise or not (gated or written_out):
         return elementwise(name, "elementwise", "fwd", numel, 2 if gated else 1, 1, sh.e, sh.dtype, 8.0, cols)
-    return _eager_chain(name, sh, numel, cols, 8.0, EAGER_SWIGLU)
+    return _eager_chain(name, sh, numel, cols, 8.0, EAGER_SWIGLU if gated else EAGER_GELU_NEW)
 
 
 def expert_alltoall(name: str, model: ModelSpec, sh: Shard, tokens: int, row_bytes: int, dtype: str) -> list[Op]:
@@ -208,7 +226,8 @@ def layer_forward(model: ModelSpec, sh: Shard, moe: bool = False, prefix: str = 
     act_nbytes = T * h * e
     ops: list[Op] = []
     norm = model.norm
-    dropout = model.arch in ("gpt", "bert")
+    # an inference or evaluation forward runs in eval mode, where dropout is the identity (no kernel)
+    dropout = model.arch in ("gpt", "bert") and not sh.forward_only
 
     def linear(name: str, m: int, n: int, k: int, inputs: float = 0.0, fused: bool = True, batch: int = 1) -> None:
         # one linear layer: autocast's casts of its fp32 weight and (``inputs`` elements) input, an fp8 run's
@@ -271,8 +290,12 @@ def layer_forward(model: ModelSpec, sh: Shard, moe: bool = False, prefix: str = 
         bh = sh.b * a_local
         ops.append(matmul(f"{prefix}.attn.scores", "fwd", sh.s, sh.s_kv, hd, hdt, e, batch=bh))
         scores = bh * sh.s * sh.s_kv
-        # Megatron's fused scale-mask-softmax reads and writes the s² scores once
-        ops.append(elementwise(f"{prefix}.attn.softmax", "softmax", "fwd", scores, 1, 1, e, dt, 5.0, sh.s_kv))
+        if sh.fused_elementwise:
+            # Megatron's fused scale-mask-softmax reads and writes the s² scores once
+            ops.append(elementwise(f"{prefix}.attn.softmax", "softmax", "fwd", scores, 1, 1, e, dt, 5.0, sh.s_kv))
+        else:
+            ops.append(_eager_chain(f"{prefix}.attn.softmax", sh, scores, sh.s_kv, 5.0,
+                                    EAGER_SOFTMAX_CAUSAL if causal else EAGER_SOFTMAX, kind="softmax"))
         if dropout:
             ops.append(elementwise(f"{prefix}.attn.dropout", "elementwise", "fwd", scores, 1, 1, e, dt, 2.0,
                                    sh.s_kv))
@@ -290,7 +313,8 @@ def layer_forward(model: ModelSpec, sh: Shard, moe: bool = False, prefix: str = 
         w_local = width // t
         w_up = w_local * (2 if gated else 1)
         linear(f"{prefix}.{tag}.fc1", T, w_up, h, T * h)
-        ops.append(activation_op(f"{prefix}.{tag}.act", sh, T * w_local, w_local, gated))
+        ops.append(activation_op(f"{prefix}.{tag}.act", sh, T * w_local, w_local, gated,
+                                 model.activation == "gelu_new"))
         linear(f"{prefix}.{tag}.fc2", T, h, w_local)
 
     if moe:
@@ -327,7 +351,8 @@ def layer_forward(model: ModelSpec, sh: Shard, moe: bool = False, prefix: str = 
         # dispatched tokens whole
         expert_mlp = len(ops)
         linear(f"{prefix}.mlp.fc1", rows, up, h, fused=False, batch=local_experts)
-        ops.append(activation_op(f"{prefix}.mlp.act", sh, expert_rows * f_local, f_local, gated))
+        ops.append(activation_op(f"{prefix}.mlp.act", sh, expert_rows * f_local, f_local, gated,
+                                 model.activation == "gelu_new"))
         linear(f"{prefix}.mlp.fc2", rows, h, f_local, batch=local_experts)
         if not sh.grouped_gemm and local_experts > 1:
             # one expert at a time: the same work, launched once per local expert (the device time is costed
@@ -438,7 +463,9 @@ def embedding_backward(model: ModelSpec, sh: Shard, tied_here: bool) -> list[Op]
 
 
 def head_forward(model: ModelSpec, sh: Shard) -> list[Op]:
-    """Final norm, LM head GEMM and (vocab-parallel) cross-entropy on the last stage."""
+    """Final norm, LM head GEMM and (vocab-parallel) cross-entropy on the last stage; a classification head
+    (``model.lm_head`` false) instead runs its pooler, an h×h GEMM over each sequence's first token (its
+    tanh, classifier and loss over a few labels are left out: a kernel of a few thousand elements each)."""
     h, e, T, t = model.hidden_size, sh.e, sh.tokens, sh.tp
     # the output layer stays bf16 in fp8 recipes (Megatron-Core's output_layer is no Transformer Engine
     # module; torchtitan's float8 conversion skips "output")
@@ -448,6 +475,10 @@ def head_forward(model: ModelSpec, sh: Shard) -> list[Op]:
     ops = [elementwise(f"head.{model.norm}", model.norm, "fwd", T_norm * h, 1, 1, sh.e_res, sh.res_dtype, 5.0, h)]
     if t > 1 and sh.sp:
         ops.append(comm("head.sp_allgather", "allgather", "fwd", T * h * sh.e_res, sh.tp_group, sh.res_dtype))
+    if not model.lm_head:
+        _autocast_gemm(ops, sh, "head.pooler", h * h, sh.b * h)
+        ops.append(matmul("head.pooler", "fwd", sh.b, h, h, dt, e))
+        return ops
     _autocast_gemm(ops, sh, "head.logits", v_local * h, T * h)
     ops.append(matmul("head.logits", "fwd", T, v_local, h, dt, e))
     if sh.autocast:
@@ -511,7 +542,7 @@ def operator_graph(model: ModelSpec, batch: int = 1, precision: str = "bf16", fl
         for op in ops:
             prev = [g.add(op, prev, rep)]
     for i, (ops, rep) in enumerate(reversed(fwd_blocks)):
-        bwd = embedding_backward(model, sh, model.tie_embeddings) if i == len(fwd_blocks) - 1 else backward_of(ops)
+        bwd = embedding_backward(model, sh, model.tied_head) if i == len(fwd_blocks) - 1 else backward_of(ops)
         for op in bwd:
             prev = [g.add(op, prev, rep)]
     for op in optimizer_ops(model.num_params(), optimizer, "fp32" if autocast else precision):

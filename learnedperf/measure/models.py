@@ -393,7 +393,10 @@ def activate(y: torch.Tensor, activation: str) -> torch.Tensor:
         gate, up = y.chunk(2, dim=-1)
         return F.silu(gate) * up
     if activation == "gelu":
-        return F.gelu(y, approximate="tanh")  # GPT-2's GELU
+        return F.gelu(y, approximate="tanh")  # GPT-2's GELU as one kernel
+    if activation == "gelu_new":
+        # the same function as Hugging Face's NewGELUActivation writes it (eight tensor operations)
+        return 0.5 * y * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (y + 0.044715 * torch.pow(y, 3.0))))
     return F.relu(y)
 
 

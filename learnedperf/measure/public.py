@@ -363,8 +363,10 @@ def load_neusight_steps(data_dir: Path | None = None) -> LoadedSteps:
 
     Runs are ``<model>-<inf|train>-<seq>-<batch>``; each becomes one run — the HF config
     ``neusight_model_configs/<model>.json`` through ``ModelSpec.from_hf_config`` at that sequence
-    length, one device of :func:`neusight_devices`, micro = global batch, fp32, no flash attention, no
-    optimizer step (``optimizer: "none"``) — with ``iteration_time_ms`` = ``e2e_latency``: forward +
+    length, one device of :func:`neusight_devices`, micro = global batch, fp32, no flash attention, eager
+    PyTorch (``fused_elementwise`` false), no optimizer step (``optimizer: "none"``); BERT's inference runs
+    with a classification head (``lm_head`` false: the head NeuSight's traced graphs end in) — with
+    ``iteration_time_ms`` = ``e2e_latency``: forward +
     backward as NeuSight times them for ``train``, the forward alone for ``inf``
     (``forward_only: true``). The parts are kept in ``run.meta``. Encoder-decoder models (Switch/T5)
     are skipped, counted in ``skipped["encoder-decoder"]``: ModelSpec has one stack, and the run name
@@ -397,6 +399,11 @@ def load_neusight_steps(data_dir: Path | None = None) -> LoadedSteps:
         if config.get("is_encoder_decoder"):
             skipped["encoder-decoder"] = skipped.get("encoder-decoder", 0) + 1
             continue
+        if mode == "inf" and config.get("model_type") == "bert":
+            # NeuSight's BERT inference graphs end in a pooler and a two-label classifier
+            # (neusight_graph_nodes.parquet: nodes bert_pooler_dense and classifier, output [batch, 2]), not in
+            # the masked-LM head its config names: a sequence-classification model
+            config = {**config, "architectures": ["BertForSequenceClassification"]}
         try:
             model = ModelSpec.from_hf_config(config, seq_length=seq).model_copy(update={"name": model_name})
         except SpecError as exc:
@@ -408,8 +415,11 @@ def load_neusight_steps(data_dir: Path | None = None) -> LoadedSteps:
         run = {"model": model.to_dict(),
                "hardware": {"device": descs[device_name], "num_devices": 1},
                # NeuSight times forward and backward (e2e = fw + bwall), or the forward alone: no optimizer step
+               # HF Transformers models in eager PyTorch: one kernel per tensor operation (GPT-2's written-out
+               # GELU, attention's scaling, mask and softmax apart)
                "strategy": {"micro_batch_size": batch, "global_batch_size": batch, "precision": "fp32",
-                            "flash_attention": False, "optimizer": "none", "forward_only": mode == "inf"},
+                            "flash_attention": False, "fused_elementwise": False, "optimizer": "none",
+                            "forward_only": mode == "inf"},
                "id": f"neusight-{device_name.replace(' ', '_')}-{name}",
                "meta": {"fw_latency_ms": _num(row, "fw_latency", path, i),
                         "bwall_latency_ms": _num(row, "bwall_latency", path, i),

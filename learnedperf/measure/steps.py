@@ -137,9 +137,14 @@ def complete_model_dict(model: Any) -> dict:
         from ..specs import ModelSpec
 
         try:
-            return ModelSpec.parse(model, "model").to_dict()
+            spec = ModelSpec.parse(model, "model")
         except SpecError as exc:
             raise InputError(str(exc)) from None
+        if not spec.lm_head:
+            # the harness's models end in an LM head and its loss (measure.models.TransformerLM)
+            raise InputError("model.lm_head: measured steps train language models; a classification head "
+                             "(lm_head false) is not built by the harness")
+        return spec.to_dict()
     if arch in OTHER_ARCHS:
         defaults = MLP_DEFAULTS if arch == "mlp" else CNN_DEFAULTS
         out: dict[str, Any] = {"arch": arch, **defaults}

@@ -7,7 +7,8 @@ it: it stayed at 0.1.0 through every change of the graph and of the host model. 
 sha256 of the simulated iteration time, time breakdown and memory per device of a fixed set of reference
 runs (tensor, pipeline, sequence, context, expert and sharded data parallelism, interleaved and zero-bubble
 schedules, recomputation (and a host-bound step with a non-reentrant checkpoint), autocast with eager
-element-wise chains, fp8 and fp32, on A100s, H100s and a V100). A change to the graph
+element-wise chains, fp8 and fp32, Hugging Face's eager attention and written-out GELU, an inference forward
+and a classification head, on A100s, H100s, a V100 and a T4). A change to the graph
 builder, the simulator, the cost model or the catalog that moves any of them changes it; one that moves none
 of them (a device, dispatcher or schedule they do not use) does not: the set covers the common paths, not
 every path.
@@ -47,6 +48,19 @@ REFERENCE_RUNS: tuple[dict, ...] = (
      "strategy": {"tp": 8, "micro_batch_size": 2, "global_batch_size": 16, "precision": "fp8"}},
     {"id": "fp32-single", "model": "bert-large", "hardware": {"device": "V100-PCIE-32GB", "num_devices": 1},
      "strategy": {"micro_batch_size": 8, "global_batch_size": 8, "precision": "fp32"}},
+    # Hugging Face models in eager PyTorch without a fused attention: GPT-2's written-out GELU and the causal
+    # eager softmax chain, dropout off in an inference forward; a BERT classifier's backward (the
+    # non-causal chain) and its classification head
+    {"id": "hf-eager-inference", "hardware": {"device": "T4", "num_devices": 1},
+     "model": {"arch": "gpt", "num_layers": 4, "hidden_size": 1280, "num_attention_heads": 20, "vocab_size": 50257,
+               "seq_length": 1024, "activation": "gelu_new"},
+     "strategy": {"micro_batch_size": 4, "global_batch_size": 4, "precision": "fp32", "flash_attention": False,
+                  "fused_elementwise": False, "optimizer": "none", "forward_only": True}},
+    {"id": "hf-eager-classifier", "hardware": {"device": "T4", "num_devices": 1},
+     "model": {"arch": "bert", "num_layers": 4, "hidden_size": 1024, "num_attention_heads": 16, "vocab_size": 30522,
+               "seq_length": 512, "lm_head": False},
+     "strategy": {"micro_batch_size": 8, "global_batch_size": 8, "precision": "fp32", "flash_attention": False,
+                  "fused_elementwise": False, "optimizer": "adam"}},
     # small enough that the host binds it: the host cost of a non-reentrant checkpoint shows
     {"id": "host-bound-checkpoint", "model": "bert-base", "hardware": {"cluster": "dgx-h100", "num_devices": 1},
      "strategy": {"micro_batch_size": 2, "global_batch_size": 2, "precision": "bf16", "mixed_precision": "autocast",

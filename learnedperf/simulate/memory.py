@@ -94,7 +94,10 @@ def layer_activation_bytes(run) -> float:
                + T * f * e * (2 if m.activation == "swiglu" else 1)  # activation-function input
                + T * f * eg  # FC2 input
                # eager SwiGLU keeps silu(gate) too, for the product's gradient of up (fused, it is recomputed)
-               + (T * f * e if m.activation == "swiglu" and not s.fused_elementwise else 0))
+               + (T * f * e if m.activation == "swiglu" and not s.fused_elementwise else 0)
+               # eager gelu_new (EAGER_GELU_NEW) keeps three more: tanh's output, 0.5·x and 1 + tanh (logged with
+               # torch.autograd.graph.saved_tensors_hooks: four tensors of the input's size, the input included)
+               + (3 * T * f * e if m.activation == "gelu_new" and not s.fused_elementwise else 0))
     # a MoE layer keeps more than a dense one's FC1 input: the routed copies in expert order that its experts'
     # FC1 reads (every TP rank holds all of its experts' rows, so they are not split over tp; capacity pads
     # them), the experts' outputs the combine weights multiply (saved for the weights' gradient) and the
@@ -219,7 +222,7 @@ def _peak(run, loads: list[StageLoad], in_flight: list[int]) -> MemoryBreakdown:
         return hit
 
     # fp32 logits and their gradient of one micro-batch, last stage (no gradient in a forward-only step)
-    logits = (1 if s.forward_only else 2) * 4.0 * T * m.vocab_size / s.tp
+    logits = (1 if s.forward_only else 2) * 4.0 * T * m.vocab_size / s.tp if m.lm_head else 0.0
 
     def live_layers(ld: StageLoad) -> float:
         # layers whose activations a micro-batch in flight holds: every layer of the chunk for a backward

@@ -123,7 +123,7 @@ def _flag(config: dict, prefix: str, key: str, default: bool) -> bool:
 
 
 def _activation(config: dict, prefix: str, names: tuple[str, ...], default: str, gated: bool = False) -> str:
-    """Map HF activation names onto gelu / relu / swiglu (gated SiLU)."""
+    """Map HF activation names onto gelu / gelu_new / relu / swiglu (gated SiLU)."""
     for name in names:
         act = config.get(name)
         if act is None:
@@ -134,6 +134,11 @@ def _activation(config: dict, prefix: str, names: tuple[str, ...], default: str,
         if gated or act in _GATED:
             # ModelSpec has one gated activation; gated GELU (GeGLU) costs the same as SwiGLU.
             return "swiglu"
+        if act == "gelu_new":
+            # Hugging Face's NewGELUActivation: the tanh approximation as eight tensor operations (ModelSpec's
+            # 'gelu_new'); the other written-out variants (gelu_fast, gelu_python, quick_gelu) are costed as
+            # one kernel, their chains not logged
+            return "gelu_new"
         if act in _GELU:
             return "gelu"
         if act in _RELU:

@@ -82,10 +82,17 @@ class ModelSpec(Spec):
                                        "topk_group: node- or device-limited routing); default all groups")
     dense_ffn_hidden_size: int = Field(ge=1, description="FFN width of a MoE model's dense layers; default "
                                                          "ffn_hidden_size, the width of one expert")
-    activation: Literal["gelu", "swiglu", "relu"]
+    activation: Literal["gelu", "gelu_new", "swiglu", "relu"] = Field(
+        description="the MLP's activation: 'gelu' (one kernel: PyTorch's F.gelu, exact or tanh), 'gelu_new' "
+                    "(GELU's tanh approximation written as tensor operations, Hugging Face's NewGELUActivation: "
+                    "GPT-2's; eight kernels under eager PyTorch, one fused), 'swiglu' (gated SiLU) or 'relu'")
     norm: Literal["layernorm", "rmsnorm"]
     causal: bool
     tie_embeddings: bool
+    lm_head: bool = Field(default=True, description="the model ends in a projection onto the vocabulary and a "
+                          "loss over it; false: in a sequence-classification head (Hugging Face's "
+                          "*ForSequenceClassification: a pooler and a classifier over each sequence's first "
+                          "token), so no logits GEMM, no vocabulary loss and no output matrix")
     position_embedding: Literal["learned", "rope", "none"]
 
     @model_validator(mode="before")
@@ -168,13 +175,21 @@ class ModelSpec(Spec):
         """The value each optional key takes when a model leaves it out: ``head_dim`` = hidden_size / heads,
         the latent-attention keys (:data:`_MLA_KEYS`, ``kv_lora_rank``) and the MoE layout and routing keys
         (:data:`_MOE_LAYOUT_KEYS`) their ordinary-model values; :meth:`to_dict` writes each only where it
-        differs, and the validation refuses a set one where the model has no latent attention or experts."""
+        differs, and the validation refuses a set one where the model has no latent attention or experts;
+        ``lm_head`` true (a model written before the key serialises, and hashes, as it did)."""
         return {"head_dim": self.hidden_size // self.num_attention_heads, "kv_lora_rank": 0, "q_lora_rank": 0,
                 "qk_rope_head_dim": 0, "v_head_dim": self.head_dim, "moe_first_dense_layers": 0,
                 "moe_shared_ffn_hidden_size": 0, "moe_router_num_groups": 1,
-                "moe_router_group_topk": self.moe_router_num_groups, "dense_ffn_hidden_size": self.ffn_hidden_size}
+                "moe_router_group_topk": self.moe_router_num_groups, "dense_ffn_hidden_size": self.ffn_hidden_size,
+                "lm_head": True}
 
     # ------------------------------------------------------------------ derived
+    @property
+    def tied_head(self) -> bool:
+        """The LM head shares the input embedding's table (``tie_embeddings`` and an ``lm_head``): its weight
+        gradient is added to the table's."""
+        return self.tie_embeddings and self.lm_head
+
     @property
     def attention_width(self) -> int:
         """Width of the attention's queries: heads × head_dim (``hidden_size`` unless ``head_dim`` is set
@@ -312,13 +327,14 @@ class ModelSpec(Spec):
         return self.vocab_size * self.hidden_size + pos
 
     def num_params(self) -> int:
-        """Total parameter count (embedding, layers, final norm, untied LM head)."""
+        """Total parameter count (embedding, layers, final norm, untied LM head; a classification head's
+        pooler, ``hidden_size``², and its classifier, a few rows, are left out)."""
         moe_layers = self.num_moe_layers
         dense_layers = self.num_layers - moe_layers
         total = self.embedding_params()
         total += dense_layers * self.layer_params(False) + moe_layers * self.layer_params(True)
         total += (2 if self.norm == "layernorm" else 1) * self.hidden_size
-        if not self.tie_embeddings:
+        if not self.tie_embeddings and self.lm_head:
             total += self.vocab_size * self.hidden_size
         return total
 
@@ -338,11 +354,15 @@ class ModelSpec(Spec):
         Qwen3-MoE, Qwen1.5/2-MoE, DeepSeek-MoE (shared experts, leading dense layers), DeepSeek-V2/V3
         (latent attention), Llama 4 (its text model) and Switch-style MoE configs. ``seq_length`` defaults to
         the config's maximum position count; with ``default_seq_length`` False (the run format's reading) only
-        where that is a learned position table (see :func:`~learnedperf.specs.hf.hf_config_to_arch`).
+        where that is a learned position table (see :func:`~learnedperf.specs.hf.hf_config_to_arch`). A config
+        whose ``architectures`` name a ``*ForSequenceClassification`` class has ``lm_head`` false.
         """
         from .hf import hf_config_to_arch  # local: keeps the mapping table out of import time
 
         arch = hf_config_to_arch(config, seq_length, prefix, default_seq_length)
+        classes = config.get("architectures") if isinstance(config, dict) else None
+        if isinstance(classes, list) and any(str(c).endswith("ForSequenceClassification") for c in classes):
+            arch = {**arch, "lm_head": False}
         return cls.parse(arch, prefix)
 
 

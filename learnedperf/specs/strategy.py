@@ -94,12 +94,14 @@ class Strategy(Spec):
     flash_attention: bool = Field(default=True, description="fused attention kernel (no s² tensor in memory)")
     fused_elementwise: bool = Field(
         default=True,
-        description="rotary position embeddings and a gated activation (SwiGLU) run as one fused kernel each "
-                    "(Megatron-Core's apply_rope_fusion and bias_swiglu_fusion); false: eager PyTorch, one "
-                    "kernel per tensor operation (Hugging Face Transformers, learnedperf measure): RoPE five "
-                    "kernels per rotated tensor, SwiGLU two, each reading and writing its own tensors, and "
-                    "SwiGLU's silu output saved for backward. Models without RoPE or a gated activation run "
-                    "the same either way")
+        description="rotary position embeddings, a gated activation (SwiGLU), a written-out GELU (gelu_new) "
+                    "and, without flash_attention, attention's scaling, mask and softmax run as one fused kernel "
+                    "each (Megatron-Core's apply_rope_fusion, bias_swiglu_fusion, fused scale-mask-softmax); "
+                    "false: eager PyTorch, one kernel per tensor operation (Hugging Face Transformers, "
+                    "learnedperf measure): RoPE five kernels per rotated tensor, SwiGLU two, gelu_new eight, "
+                    "the scores three to five, each reading and writing its own tensors, and what their "
+                    "backward needs saved. Models with flash_attention and without RoPE, a gated activation or "
+                    "gelu_new run the same either way")
     grad_bucket_size_MiB: float = Field(default=25.0, gt=0, description="DDP gradient bucket (PyTorch default 25 MiB)")
     overlap_grad_reduce: bool = Field(default=True, description="reduce gradients while backward runs")
     overlap_param_gather: bool = Field(default=True, description="prefetch ZeRO-3/FSDP parameters")
