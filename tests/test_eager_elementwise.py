@@ -120,8 +120,8 @@ def test_eager_gelu_new_matches_the_kernels_pytorch_runs():
 def _hf_scores(causal: bool, b: int, s: int):
     """The scores between attention's two products as Hugging Face's eager attention computes them (transformers'
     GPT2Attention._attn: divide by a scalar tensor it creates, ``torch.where`` with the causal mask and a fill
-    value it creates, softmax; BertSelfAttention: divide, add the extended padding mask, softmax). The masks exist before
-    (GPT-2's is a buffer, BERT's is extended once per forward)."""
+    value it creates, softmax; BertSelfAttention: divide, add the extended padding mask, softmax). The masks exist
+    before (GPT-2's is a buffer, BERT's is extended once per forward)."""
     import torch
 
     causal_mask = torch.tril(torch.ones(s, s, dtype=torch.bool))[None, None]
