@@ -40,6 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .params import gemm_aligned
+
 _BINARY = {"add", "mul", "div", "pow"}
 _UNARY = {"addu", "mulu", "divu", "powu", "gelu", "relu", "tanh", "ln", "softmax"}
 
@@ -93,8 +95,6 @@ def gemm_fp32_error(ops, memory_eff: float, tile: int = 128):
         dimension that is not a multiple of 16 bytes (:func:`~learnedperf.cost.params.gemm_aligned`) reaching
         ``unaligned`` of the efficiency, and ``kernels`` their number.
     """
-    from .params import gemm_aligned
-
     devs = _devices()
     d = ops[ops.op.isin(["linear", "bmm"]) & ops.device.isin(list(devs)) & (ops.latency_ms > 0.1)]
     # NeuSight's linear/bmm multiply [B,M,N] x [B,N,K] -> [B,M,K]: N is the reduction dimension
@@ -125,8 +125,6 @@ def gemm_fp32_alignment_shares(records, min_flops: float = 1e10) -> dict[str, tu
     of its descriptor's fp32 peak that its GEMMs of over ``min_flops`` reach with every dimension a multiple of
     16 bytes and without, and how many of each: ``{device_name: (aligned median, aligned kernels, unaligned
     median, unaligned kernels)}``."""
-    from .params import gemm_aligned
-
     out = {}
     for name, rows in records[(records["kind"] == "matmul") & (records["flops"] > min_flops)].groupby("device_name"):
         peak = json.loads(rows["device"].iloc[0])["peak_tflops"]["fp32"] * 1e12

@@ -238,9 +238,9 @@ def layer_cost(run: Any, ctx: RunContext) -> tuple[float, ...]:
     s, m = run.strategy, ctx.model
     dpn = run.hardware.node_size
     tied_here = m.tied_head and s.pp * s.virtual_pipeline_stages == 1
-    # what the shard is built from, and the strategy fields the costing below reads besides
-    key = (*(getattr(s, k) for k in SHARD_STRATEGY_KEYS), s.recompute, s.checkpoint_impl, s.forward_only,
-           s.overlap_moe_comm, tied_here)
+    # what the shard is built from (forward_only among it), and the strategy fields the costing below reads besides
+    key = (*(getattr(s, k) for k in SHARD_STRATEGY_KEYS), s.recompute, s.checkpoint_impl, s.overlap_moe_comm,
+           tied_here)
     hit = ctx.layer_costs.get(key)
     if hit is not None:
         return hit

@@ -136,14 +136,20 @@ def rope_op(name: str, sh: Shard, numel: float, cols: int, tensors: int = 2) -> 
     return _eager_chain(name, sh, numel, cols, 3.0, EAGER_ROPE, tensors)
 
 
-def activation_op(name: str, sh: Shard, numel: float, cols: int, gated: bool, written_out: bool = False) -> Op:
-    """The MLP's activation over ``numel`` output elements (rows of ``cols``): one kernel, reading the up
-    projection's output (both halves when ``gated``) and writing its own; under eager PyTorch
-    (``sh.fused_elementwise`` false) a gated one runs :data:`EAGER_SWIGLU`'s chain instead and one
-    ``written_out`` as tensor operations (``gelu_new``) :data:`EAGER_GELU_NEW`'s."""
-    if sh.fused_elementwise or not (gated or written_out):
+#: The activations eager PyTorch runs as a chain of tensor operations, and their chains.
+_EAGER_ACTIVATIONS = {"swiglu": EAGER_SWIGLU, "gelu_new": EAGER_GELU_NEW}
+
+
+def activation_op(name: str, sh: Shard, numel: float, cols: int, activation: str) -> Op:
+    """The MLP's ``activation`` (``ModelSpec.activation``) over ``numel`` output elements (rows of ``cols``):
+    one kernel, reading the up projection's output (both halves when gated, ``swiglu``) and writing its own;
+    under eager PyTorch (``sh.fused_elementwise`` false) SwiGLU runs :data:`EAGER_SWIGLU`'s chain instead and
+    the written-out ``gelu_new`` :data:`EAGER_GELU_NEW`'s."""
+    chain = None if sh.fused_elementwise else _EAGER_ACTIVATIONS.get(activation)
+    if chain is None:
+        gated = activation == "swiglu"
         return elementwise(name, "elementwise", "fwd", numel, 2 if gated else 1, 1, sh.e, sh.dtype, 8.0, cols)
-    return _eager_chain(name, sh, numel, cols, 8.0, EAGER_SWIGLU if gated else EAGER_GELU_NEW)
+    return _eager_chain(name, sh, numel, cols, 8.0, chain)
 
 
 def expert_alltoall(name: str, model: ModelSpec, sh: Shard, tokens: int, row_bytes: int, dtype: str) -> list[Op]:
@@ -313,8 +319,7 @@ def layer_forward(model: ModelSpec, sh: Shard, moe: bool = False, prefix: str = 
         w_local = width // t
         w_up = w_local * (2 if gated else 1)
         linear(f"{prefix}.{tag}.fc1", T, w_up, h, T * h)
-        ops.append(activation_op(f"{prefix}.{tag}.act", sh, T * w_local, w_local, gated,
-                                 model.activation == "gelu_new"))
+        ops.append(activation_op(f"{prefix}.{tag}.act", sh, T * w_local, w_local, model.activation))
         linear(f"{prefix}.{tag}.fc2", T, h, w_local)
 
     if moe:
@@ -351,8 +356,7 @@ def layer_forward(model: ModelSpec, sh: Shard, moe: bool = False, prefix: str = 
         # dispatched tokens whole
         expert_mlp = len(ops)
         linear(f"{prefix}.mlp.fc1", rows, up, h, fused=False, batch=local_experts)
-        ops.append(activation_op(f"{prefix}.mlp.act", sh, expert_rows * f_local, f_local, gated,
-                                 model.activation == "gelu_new"))
+        ops.append(activation_op(f"{prefix}.mlp.act", sh, expert_rows * f_local, f_local, model.activation))
         linear(f"{prefix}.mlp.fc2", rows, h, f_local, batch=local_experts)
         if not sh.grouped_gemm and local_experts > 1:
             # one expert at a time: the same work, launched once per local expert (the device time is costed
