@@ -8,11 +8,14 @@ hold the boost clock their peak is quoted at. One constant for all five sits bet
 large cards and too fast for the small ones.
 
 Since 2026-11-29 every fit here also fits the share of the efficiency a GEMM with a dimension that is not a
-multiple of 16 bytes keeps (``gemm_unaligned_share``, ``learnedperf.cost.params.gemm_aligned``). This prints,
-without changing the shipped constants:
+multiple of 16 bytes keeps (``gemm_unaligned_share``, ``learnedperf.cost.params.gemm_aligned``). Since the
+fourth change of that day every fit reads only the transformer-shaped part of NeuSight's grid
+(``learnedperf.cost.calibrate.MODEL_SHAPED_SPLIT``): section 0 shows that the share's premise came from mixing
+the two parts. This prints, without changing the shipped constants:
 
 0. the premise of that share: each GPU's median share of its fp32 peak on kernels of over 10 GFLOP, aligned
-   or not;
+   or not, over both parts of the grid and within each (within a part alignment moves the medians little;
+   the transformer-shaped part is the faster one on every GPU);
 
 1. the fit per device, per class (slot-powered: ``tdp_W`` <= 75) and over all five;
 2. leave one device out: each device's kernels costed with the constant fitted on the *other* devices,
@@ -52,7 +55,9 @@ def main(argv=None) -> int:
     from learnedperf.specs import HardwareSpec, RunSpec
 
     data = default_shared_data()
-    ops = pd.read_parquet(data / "neusight_ops.parquet")
+    # the transformer-shaped part of NeuSight's grid, which the shipped constants are fit on
+    # (learnedperf.cost.calibrate.MODEL_SHAPED_SPLIT; section 0 shows why)
+    ops = cal.model_shaped(pd.read_parquet(data / "neusight_ops.parquet"))
     devs = cal._devices()  # NeuSight's reported name -> catalog entry
     slot = {name for name, d in devs.items() if (d.get("tdp_W") or math.inf) <= SLOT_POWER_W}
     mem = cal.fit_memory_bound(ops)["eff"]
@@ -66,12 +71,14 @@ def main(argv=None) -> int:
 
     print(f"slot-powered (tdp_W <= {SLOT_POWER_W:.0f} W): {sorted(slot)}")
     print("\n0. median share of the data-sheet fp32 peak of the linear+bmm kernels over 10 GFLOP, every dimension a "
-          "multiple of 16 bytes or not (kernels)")
-    shares = cal.gemm_fp32_alignment_shares(load_neusight_ops(data, ops=("linear", "bmm")))
-    for name, (al, n_al, un, n_un) in shares.items():
-        print(f"   {name:<24} aligned {al:.3f} ({n_al}), not {un:.3f} ({n_un})")
-    print("\n1. fp32 GEMM efficiency fitted on NeuSight's linear+bmm kernels over 100 us (eff, k_half, the share "
-          "an unaligned GEMM keeps, loss)")
+          "multiple of 16 bytes or not (kernels), in both parts of NeuSight's grid and in each")
+    records = load_neusight_ops(data, ops=("linear", "bmm"))
+    for split in (None, "train_dims", "test_dims"):
+        print(f"   {split or 'both parts'}:")
+        for name, (al, n_al, un, n_un) in cal.gemm_fp32_alignment_shares(records, split=split).items():
+            print(f"     {name:<22} aligned {al:.3f} ({n_al}), not {un:.3f} ({n_un})")
+    print("\n1. fp32 GEMM efficiency fitted on NeuSight's transformer-shaped linear+bmm kernels over 100 us (eff, "
+          "k_half, the share an unaligned GEMM keeps, loss)")
     every = fit(devs)
     for name in devs:
         f = fit([name])

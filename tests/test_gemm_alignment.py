@@ -1,17 +1,20 @@
 """fp32 GEMMs with a dimension that is not a multiple of 16 bytes: the cost model gives them
 ``gemm_unaligned_share`` of the fp32 efficiency (``learnedperf.cost.params.gemm_aligned``), fitted by
-``learnedperf.cost.calibrate`` on NeuSight's kernels beside the efficiency and k½."""
+``learnedperf.cost.calibrate`` on NeuSight's transformer-shaped kernels beside the efficiency and k½ (0.99:
+there alignment barely matters; the grid's random-dimension part is slower aligned or not)."""
 
 from __future__ import annotations
 
 import copy
+import json
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from learnedperf.cost import CostParams, RooflineCost
-from learnedperf.cost.calibrate import _devices, fit_gemm_fp32, gemm_fp32_alignment_shares
+from learnedperf.cost.calibrate import (MODEL_SHAPED_SPLIT, _devices, fit_gemm_fp32, gemm_fp32_alignment_shares,
+                                        model_shaped)
 from learnedperf.cost.params import GEMM_ALIGN_BYTES, gemm_aligned, slot_powered
 from learnedperf.graph.ops import Op
 from learnedperf.measure.public import default_shared_data, load_neusight_ops
@@ -71,14 +74,44 @@ def test_the_fit_recovers_the_share_that_made_the_times():
     assert fit["_mean_abs_log_error"] < 1e-9
 
 
-@pytest.mark.skipif(not (default_shared_data() / "neusight_ops.parquet").exists(), reason="shared/data not present")
-def test_aligned_fp32_gemms_run_faster_on_every_neusight_gpu():
-    """The premise, measured: on each of NeuSight's five GPUs the fp32 linear/bmm kernels of over 10 GFLOP
-    with every dimension a multiple of 16 bytes reach a higher median share of the data-sheet peak than the
-    others (by 11-22 % on the three cards with a power cable, 28-116 % on the two powered by their slot;
-    2026-11-29)."""
-    shares = gemm_fp32_alignment_shares(load_neusight_ops(ops=("linear", "bmm")))
-    assert len(shares) == 5
-    for name, (aligned, n_aligned, unaligned, n_unaligned) in shares.items():
-        assert n_aligned > 500 and n_unaligned > 500, name
-        assert aligned > 1.05 * unaligned, name
+NEUSIGHT = pytest.mark.skipif(not (default_shared_data() / "neusight_ops.parquet").exists(),
+                              reason="shared/data not present")
+
+
+@NEUSIGHT
+def test_within_each_part_of_neusight_grid_alignment_moves_the_median_little():
+    """Measured: inside each part of NeuSight's grid (random dimensions, transformer dimensions) the fp32
+    linear/bmm kernels of over 10 GFLOP reach about the same median share of the peak aligned or not, on every
+    GPU (|log ratio| under 0.11; the largest, 0.10, the P100's transformer-shaped kernels, whose unaligned
+    ones have a vocabulary as inner dimension). Over both parts together they differed by 11-116 %: most
+    aligned kernels are transformer-shaped and most unaligned ones random (2026-11-29)."""
+    records = load_neusight_ops(ops=("linear", "bmm"))
+    for split in ("train_dims", MODEL_SHAPED_SPLIT):
+        shares = gemm_fp32_alignment_shares(records, split=split)
+        assert len(shares) == 5, split
+        for name, (aligned, n_aligned, unaligned, n_unaligned) in shares.items():
+            assert n_aligned >= 90 and n_unaligned >= 180, (split, name)
+            assert abs(np.log(aligned / unaligned)) < 0.11, (split, name, aligned, unaligned)
+    pooled = gemm_fp32_alignment_shares(records)
+    assert all(aligned > 1.1 * unaligned for aligned, _, unaligned, _ in pooled.values())
+
+
+@NEUSIGHT
+def test_the_transformer_shaped_part_runs_faster_on_every_gpu():
+    """Measured: the same ops on transformer dimensions reach a higher median share of the peak than on random
+    ones, on each of the five GPUs (by 12 % on the A100 to 132 % on the P4), so the calibration reads that part."""
+    records = load_neusight_ops(ops=("linear", "bmm"))
+    records = records[(records["kind"] == "matmul") & (records["flops"] > 1e10)]
+    split = records["params"].map(lambda p: json.loads(p)["split"])
+    for name, rows in records.groupby("device_name"):
+        peak = json.loads(rows["device"].iloc[0])["peak_tflops"]["fp32"] * 1e12
+        share = rows["flops"] / (rows["time_ms"] * 1e-3) / peak
+        model, random_ = (float(np.median(share[split.loc[rows.index] == s])) for s in (MODEL_SHAPED_SPLIT, "train_dims"))
+        assert model > 1.1 * random_, (name, model, random_)
+
+
+def test_model_shaped_keeps_the_transformer_part_and_refuses_a_frame_without_parts():
+    frame = pd.DataFrame({"op": ["linear"] * 3, "split": ["train_dims", MODEL_SHAPED_SPLIT, "train_dims"]})
+    assert list(model_shaped(frame).index) == [1]
+    with pytest.raises(ValueError, match="split"):
+        model_shaped(frame.drop(columns="split"))

@@ -142,6 +142,13 @@ def test_activations_selective_recompute(t):
     assert act(t, recompute="selective", sequence_parallel=True) == pytest.approx(34 * S * B * H / t, rel=1e-12)
 
 
+def test_an_eval_mode_forward_keeps_no_dropout_tensors():
+    """A forward-only step runs in eval mode: Korthikanti's terms without the two residual dropout masks (1 byte
+    each, sbh) and the attention dropout's mask and output (3·a·s²·b): 32·sbh + 2·a·s²·b, the softmax output
+    read by the PV product itself."""
+    assert act(forward_only=True, optimizer="none") == pytest.approx(S * B * H * (32 + 2 * A * S / H), rel=1e-12)
+
+
 def test_activations_full_recompute():
     assert act(recompute="full") == pytest.approx(2 * S * B * H, rel=1e-12)
     assert act(4, recompute="full") == pytest.approx(2 * S * B * H, rel=1e-12)

@@ -3,6 +3,8 @@
 * Memory-bound kernels (NeuSight element-wise, layer-norm and softmax ops on
   five GPUs, fp32, kernels over 100 µs): ``t = bytes / (bandwidth · η_mem)``
   with each device's data-sheet bandwidth → ``memory_efficiency``.
+  This and the next fit read only the transformer-shaped part of NeuSight's grid (:data:`MODEL_SHAPED_SPLIT`):
+  the same ops on random dimensions run slower, and the simulator costs transformer models.
 * fp32 GEMMs (NeuSight ``linear`` and ``bmm`` on the same GPUs): the roofline
   GEMM model with wave quantisation → ``gemm_efficiency_fp32``, ``gemm_k_half`` and
   ``gemm_unaligned_share`` (the share a GEMM with a dimension not a multiple of 16 bytes keeps) on the
@@ -40,10 +42,32 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import InputError
 from .params import gemm_aligned
 
 _BINARY = {"add", "mul", "div", "pow"}
 _UNARY = {"addu", "mulu", "divu", "powu", "gelu", "relu", "tanh", "ln", "softmax"}
+
+
+#: NeuSight's operator grid has two parts (its ``split`` column): ``train_dims``, dimensions drawn at random
+#: (89 % of the linear/bmm kernels), and ``test_dims``, the dimensions of transformer models (hidden sizes,
+#: FFN widths, head sizes, vocabularies, token counts). The same op runs slower on random dimensions: fp32
+#: linear kernels of over 10 GFLOP at a median 0.25 of the P4's peak against 0.80, 0.83 against 0.95 on the
+#: V100; memory-bound kernels at 0.62-0.80 of the data-sheet bandwidth against 0.73-0.90. cuBLAS picks other
+#: kernels for them (on the P4 ``maxwell_sgemm_64x64_tn`` against ``sgemm_128x128x8_NT_vec``), whether or not
+#: their dimensions are multiples of 16 bytes. The simulator costs the operators of transformer models, and
+#: the GEMMs of NeuSight's traced models reach the transformer grid's rates (the V100's 0.95-0.98 of its
+#: peak), so the efficiencies are fit on that part (``experiments/gemm_fp32_power.py`` prints both).
+MODEL_SHAPED_SPLIT = "test_dims"
+
+
+def model_shaped(ops):
+    """The rows of NeuSight's operator frame (``neusight_ops.parquet``) timed on transformer-model dimensions
+    (:data:`MODEL_SHAPED_SPLIT`), the part the cost model's efficiencies are fit on."""
+    if "split" not in ops.columns:
+        raise InputError("NeuSight operator frame without a 'split' column: cannot tell transformer-shaped "
+                         "kernels from the random grid")
+    return ops[ops["split"] == MODEL_SHAPED_SPLIT]
 
 
 def _devices() -> dict[str, dict]:
@@ -119,14 +143,21 @@ def gemm_fp32_error(ops, memory_eff: float, tile: int = 128):
     return log_error, len(d)
 
 
-def gemm_fp32_alignment_shares(records, min_flops: float = 1e10) -> dict[str, tuple[float, int, float, int]]:
+def gemm_fp32_alignment_shares(records, min_flops: float = 1e10,
+                               split: str | None = None) -> dict[str, tuple[float, int, float, int]]:
     """The premise of ``gemm_unaligned_share``, measured: for each device of the operator ``records``
     (:func:`learnedperf.measure.public.load_neusight_ops`' frame: NeuSight's linear/bmm kernels), the median share
     of its descriptor's fp32 peak that its GEMMs of over ``min_flops`` reach with every dimension a multiple of
     16 bytes and without, and how many of each: ``{device_name: (aligned median, aligned kernels, unaligned
-    median, unaligned kernels)}``."""
+    median, unaligned kernels)}``. ``split``: only the kernels of that part of NeuSight's grid
+    (``"train_dims"``, ``"test_dims"``: :data:`MODEL_SHAPED_SPLIT`); None: both (most of the unaligned kernels
+    are then random-grid ones and most aligned ones transformer-shaped, so the two parts' difference shows as
+    one of alignment)."""
+    sel = (records["kind"] == "matmul") & (records["flops"] > min_flops)
+    if split is not None:
+        sel &= records["params"].map(lambda p: json.loads(p).get("split") == split)
     out = {}
-    for name, rows in records[(records["kind"] == "matmul") & (records["flops"] > min_flops)].groupby("device_name"):
+    for name, rows in records[sel].groupby("device_name"):
         peak = json.loads(rows["device"].iloc[0])["peak_tflops"]["fp32"] * 1e12
         share = (rows["flops"] / (rows["time_ms"] * 1e-3) / peak).to_numpy()
         aligned = np.array([gemm_aligned(json.loads(s), 4) for s in rows["shape"]], dtype=bool)
@@ -314,7 +345,6 @@ def fit_attention(records, base=None) -> dict[str, float]:
     share, each with its own floor, so the two halves of the loss are minimised apart, each over a grid of its
     efficiency and floor; the share is the ratio of the two efficiencies (rounded to 3 digits).
     """
-    from ..errors import InputError
 
     model_s, y, bwd = _attention_kernels(records, base)
     if not len(y):
@@ -405,7 +435,6 @@ def fit_device_params(records, base=None, passes: int = 3):
     import json
     from dataclasses import replace
 
-    from ..errors import InputError
     from ..graph.ops import Op
     from ..specs import resolve_hardware
     from .params import CostParams
@@ -489,7 +518,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="the project's measured data sets (GPU operator records: */ops_cuda.parquet)")
     ap.add_argument("--dry-run", action="store_true", help="print the fits without storing them")
     args = ap.parse_args(argv)
-    ops = pd.read_parquet(args.data / "neusight_ops.parquet")
+    # the transformer-shaped part of NeuSight's grid: the shapes the simulator costs (MODEL_SHAPED_SPLIT)
+    ops = model_shaped(pd.read_parquet(args.data / "neusight_ops.parquet"))
     mem = fit_memory_bound(ops)
     print("memory-bound kernels:", mem)
     devs = _devices()

@@ -93,9 +93,12 @@ class CostParams:
             devices' times this. 1: no derating.
         gemm_unaligned_share: the share of ``gemm_efficiency_fp32`` an fp32 GEMM reaches when one of its
             dimensions (m, n or the inner k) is not a multiple of :data:`GEMM_ALIGN_BYTES` bytes: its operands
-            cannot be read with 16-byte vector loads, and cuBLAS falls back to kernels that read them element
+            cannot be read with 16-byte vector loads, and cuBLAS may fall back to kernels that read them element
             by element. Tensor-core GEMMs are not derated (no unaligned tensor-core kernel has been measured).
-            1: alignment ignored.
+            1: alignment ignored. Fitted on NeuSight's transformer-shaped kernels it is 0.99: there only the
+            P100 and P4 slow down, and only with an unaligned inner dimension (a vocabulary's, in the LM head's
+            input gradient); the 0.81 fitted on the whole grid came from its random-dimension part, which runs
+            slower aligned or not (``experiments/gemm_fp32_power.py``, section 0).
 
     Held out one CPU at a time, the shipped learned model is best with nothing fitted on CPU steps
     (README, *Constants of a measured device*): ``gnn_residual+ops`` on the Xeon / EPYC was at 10.6 /

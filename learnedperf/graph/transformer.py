@@ -218,6 +218,14 @@ def _fp8_cast(ops: list[Op], sh: Shard, name: str, numel: float, fused: bool) ->
                       "fp8", (int(numel), 1)))
 
 
+def runs_dropout(model: ModelSpec, forward_only: bool) -> bool:
+    """Whether ``model``'s layers run dropout (attention probabilities, the two residual branches): GPT- and
+    BERT-style models train with it (Megatron's and Hugging Face's defaults), the others without; an inference
+    or evaluation forward (``forward_only``) runs in eval mode, where dropout is the identity (no kernel, no
+    mask). The graph's kernels and the memory model's saved tensors both read it."""
+    return model.arch in ("gpt", "bert") and not forward_only
+
+
 def layer_forward(model: ModelSpec, sh: Shard, moe: bool = False, prefix: str = "layer") -> list[Op]:
     """Forward ops of one transformer layer on one rank, TP/SP/CP/EP collectives included."""
     h, hd, t, e, dt = model.hidden_size, model.head_dim, sh.tp, sh.e, sh.dtype
@@ -232,8 +240,7 @@ def layer_forward(model: ModelSpec, sh: Shard, moe: bool = False, prefix: str = 
     act_nbytes = T * h * e
     ops: list[Op] = []
     norm = model.norm
-    # an inference or evaluation forward runs in eval mode, where dropout is the identity (no kernel)
-    dropout = model.arch in ("gpt", "bert") and not sh.forward_only
+    dropout = runs_dropout(model, sh.forward_only)
 
     def linear(name: str, m: int, n: int, k: int, inputs: float = 0.0, fused: bool = True, batch: int = 1) -> None:
         # one linear layer: autocast's casts of its fp32 weight and (``inputs`` elements) input, an fp8 run's

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from ..graph.execution import (ExecutionGraph, StageLoad, chunk_layout, stage_loads, state_sharding,
                                state_bytes_per_param)
+from ..graph.transformer import runs_dropout
 from ..units import GiB
 
 
@@ -73,7 +74,7 @@ def layer_activation_bytes(run) -> float:
     # keys, values and the projection input (latent attention has num_kv_heads = heads and values of v_head_dim)
     k_hd, v_hd, o_hd = m.num_kv_heads * m.head_dim, m.num_kv_heads * m.v_head_dim, m.value_width
     a = m.num_attention_heads
-    dropout = m.arch in ("gpt", "bert")
+    dropout = runs_dropout(m, s.forward_only)
     # FFN width a token passes through, averaged over the model's layers (the stages' mix of MoE and dense
     # layers is not told apart)
     f = m.ffn_width_sum / m.num_layers
@@ -108,8 +109,9 @@ def layer_activation_bytes(run) -> float:
         routing = m.num_moe_layers / m.num_layers * (T * k * load * h * eg + T * k * h * e + T * m.num_experts * 4)
     scores = 0.0
     if not s.flash_attention and s.recompute != "selective":
-        # softmax output (e), dropout mask (1 byte) and dropout output (e) per score (Korthikanti eq. 2)
-        scores = (2 * e + (1 if dropout else 0)) * a * b * seq * seq * s.cp
+        # softmax output (e), dropout mask (1 byte) and dropout output (e) per score (Korthikanti eq. 2); without
+        # dropout the PV product reads the softmax output itself, saved once
+        scores = (e + (e + 1 if dropout else 0)) * a * b * seq * seq * s.cp
     elif s.flash_attention:
         scores = 4.0 * a * b * seq  # fp32 log-sum-exp per query row
     return replicated / (t if sp else 1) + (sharded + scores) / t + routing
