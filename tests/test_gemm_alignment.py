@@ -106,11 +106,14 @@ def test_the_transformer_shaped_part_runs_faster_on_every_gpu():
     for name, rows in records.groupby("device_name"):
         peak = json.loads(rows["device"].iloc[0])["peak_tflops"]["fp32"] * 1e12
         share = rows["flops"] / (rows["time_ms"] * 1e-3) / peak
-        model, random_ = (float(np.median(share[split.loc[rows.index] == s])) for s in (MODEL_SHAPED_SPLIT, "train_dims"))
+        part = split.loc[rows.index]
+        model, random_ = (float(np.median(share[part == s])) for s in (MODEL_SHAPED_SPLIT, "train_dims"))
         assert model > 1.1 * random_, (name, model, random_)
 
 
 def test_model_shaped_keeps_the_transformer_part_and_refuses_a_frame_without_parts():
+    """``model_shaped`` keeps the transformer-shaped rows only, and a frame without NeuSight's ``split`` column is
+    an error that names it, not a fit on everything."""
     frame = pd.DataFrame({"op": ["linear"] * 3, "split": ["train_dims", MODEL_SHAPED_SPLIT, "train_dims"]})
     assert list(model_shaped(frame).index) == [1]
     with pytest.raises(ValueError, match="split"):

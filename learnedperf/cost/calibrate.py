@@ -50,7 +50,7 @@ _UNARY = {"addu", "mulu", "divu", "powu", "gelu", "relu", "tanh", "ln", "softmax
 
 
 #: NeuSight's operator grid has two parts (its ``split`` column): ``train_dims``, dimensions drawn at random
-#: (89 % of the linear/bmm kernels), and ``test_dims``, the dimensions of transformer models (hidden sizes,
+#: (nine tenths of the linear/bmm kernels), and ``test_dims``, the dimensions of transformer models (hidden sizes,
 #: FFN widths, head sizes, vocabularies, token counts). The same op runs slower on random dimensions: fp32
 #: linear kernels of over 10 GFLOP at a median 0.25 of the P4's peak against 0.80, 0.83 against 0.95 on the
 #: V100; memory-bound kernels at 0.62-0.80 of the data-sheet bandwidth against 0.73-0.90. cuBLAS picks other
@@ -345,7 +345,6 @@ def fit_attention(records, base=None) -> dict[str, float]:
     share, each with its own floor, so the two halves of the loss are minimised apart, each over a grid of its
     efficiency and floor; the share is the ratio of the two efficiencies (rounded to 3 digits).
     """
-
     model_s, y, bwd = _attention_kernels(records, base)
     if not len(y):
         raise InputError("fit_attention: no fused-attention records in "
