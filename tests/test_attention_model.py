@@ -27,14 +27,18 @@ def _attention(phase: str, hd: int, causal: bool = False, b: int = 27, heads: in
     return Op("a", "attention", phase, flops, nbytes, "bf16", (b, heads, s, s, hd), None, causal)
 
 
+@pytest.mark.parametrize("d_half", [None, 96.0])
 @pytest.mark.parametrize("hd", [32, 64, 128])
-def test_attention_time_follows_the_head_ramp_and_the_backward_share(hd):
-    p = replace(KNOWN_PARAMS, attention_efficiency=0.8, attention_bwd_share=0.6, kernel_launch_us=0.0)
+def test_attention_time_follows_the_head_ramp_and_the_backward_share(hd, d_half):
+    """``flops / (peak · eff · share · d / (d + d½))``, d½ the attention's own or, unset, the GEMMs' k½."""
+    p = replace(KNOWN_PARAMS, attention_efficiency=0.8, attention_bwd_share=0.6, kernel_launch_us=0.0,
+                attention_d_half=d_half)
     cost = RooflineCost(HW, p)
     peak = 312e12
+    ramp = hd / (hd + (p.gemm_k_half if d_half is None else d_half))
     for phase, share in (("fwd", 1.0), ("bwd", 0.6)):
         op = _attention(phase, hd)
-        expected = op.flops / (peak * 0.8 * share * hd / (hd + p.gemm_k_half))
+        expected = op.flops / (peak * 0.8 * share * ramp)
         assert cost.compute_time_s(op) == pytest.approx(expected, rel=1e-12)
     # a causal square attention skips the key blocks above the diagonal: (nb + 1) / (2 nb) of the work
     nb = 1024 // p.tile_n
@@ -42,9 +46,11 @@ def test_attention_time_follows_the_head_ramp_and_the_backward_share(hd):
         pytest.approx(cost.compute_time_s(_attention("fwd", hd)) * (nb + 1) / (2 * nb), rel=1e-12)
 
 
-def _records(eff: float, share: float, floor_fwd_us: float, floor_bwd_us: float, dtype: str = "bf16") -> pd.DataFrame:
+def _records(eff: float, share: float, floor_fwd_us: float, floor_bwd_us: float, dtype: str = "bf16",
+             d_half: float | None = None) -> pd.DataFrame:
     """Attention records a device following the model with these constants would give (plus its floors)."""
-    p = replace(KNOWN_PARAMS, attention_efficiency=eff, attention_bwd_share=share, kernel_launch_us=0.0)
+    p = replace(KNOWN_PARAMS, attention_efficiency=eff, attention_bwd_share=share, kernel_launch_us=0.0,
+                attention_d_half=d_half)
     cost = RooflineCost(HW, p)
     rows = []
     for hd in (32, 64, 128):
@@ -59,10 +65,12 @@ def _records(eff: float, share: float, floor_fwd_us: float, floor_bwd_us: float,
     return pd.DataFrame(rows)
 
 
-def test_fit_attention_recovers_known_constants():
+@pytest.mark.parametrize("d_half", [16.0, 96.0])
+def test_fit_attention_recovers_known_constants(d_half):
     base = replace(KNOWN_PARAMS, kernel_launch_us=0.0)
-    fit = fit_attention(_records(0.7, 0.6, 30.0, 120.0), base=base)
-    assert (fit["eff"], fit["bwd_share"], fit["floor_fwd_us"], fit["floor_bwd_us"]) == (0.7, 0.6, 30.0, 120.0)
+    fit = fit_attention(_records(0.7, 0.6, 30.0, 120.0, d_half=d_half), base=base)
+    assert (fit["eff"], fit["bwd_share"], fit["floor_fwd_us"], fit["floor_bwd_us"], fit["d_half"]) == \
+        (0.7, 0.6, 30.0, 120.0, d_half)
     assert fit["_mean_abs_log_error"] < 1e-9 and fit["_kernels"] == 48
     # fp32 records are not read: their kernels are not the tensor-core ones
     assert attention_error(_records(0.7, 0.6, 0, 0, dtype="fp32"), base=base)[1] == 0

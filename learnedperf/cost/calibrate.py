@@ -18,8 +18,8 @@
 
 * Fused attention (the project's own GPU operator records, ``datasets/measured/*/ops_cuda.parquet``:
   torch SDPA kernels in bf16/fp16 over a GFLOP): the roofline attention model, a head of ``d`` reaching
-  ``d / (d + gemm_k_half)`` of the forward efficiency and the backward a share of it →
-  ``attention_efficiency``, ``attention_bwd_share``.
+  ``d / (d + attention_d_half)`` of the forward efficiency and the backward a share of it →
+  ``attention_efficiency``, ``attention_bwd_share``, ``attention_d_half``.
 * The host's rate for a bare tensor operation (same records: tiny forward element-wise kernels timed back
   to back) → ``eager_dispatch_us``, measured, not fitted.
 
@@ -337,33 +337,50 @@ def attention_error(records, base=None):
     return log_error, len(y)
 
 
-def fit_attention(records, base=None) -> dict[str, float]:
-    """Fit ``attention_efficiency`` and ``attention_bwd_share`` (and the two measurement floors, reported and
+#: Head dimensions at which :func:`fit_attention` tries the attention ramp's half point (``attention_d_half``)
+ATTENTION_D_HALF_GRID = np.array([0.0, 8, 16, 32, 48, 64, 96, 128, 192])
+
+
+def fit_attention(records, base=None, d_half_grid=None) -> dict[str, float]:
+    """Fit ``attention_efficiency``, ``attention_bwd_share`` and ``attention_d_half`` (``d_half``, over
+    ``d_half_grid``, default :data:`ATTENTION_D_HALF_GRID`; and the two measurement floors, reported and
     not kept) on measured fused-attention kernels, minimising :func:`attention_error`'s mean |log error|.
 
     A forward kernel's time depends on the efficiency alone and a backward's on the product efficiency ×
     share, each with its own floor, so the two halves of the loss are minimised apart, each over a grid of its
     efficiency and floor; the share is the ratio of the two efficiencies (rounded to 3 digits).
     """
-    model_s, y, bwd = _attention_kernels(records, base)
-    if not len(y):
-        raise InputError("fit_attention: no fused-attention records in "
-                         f"{'/'.join(ATTENTION_FIT_DTYPES)} over {ATTENTION_FIT_MIN_FLOPS:g} FLOPs")
-    floors = {False: np.array([0.0, 5, 10, 20, 30, 50]), True: np.array([0.0, 20, 50, 80, 100, 120, 150, 200])}
-    best = {False: (math.inf, 0.0, 0.0), True: (math.inf, 0.0, 0.0)}
-    for eff in np.round(np.linspace(0.1, 1.5, 141), 3):
-        t = model_s(float(eff), 1.0)  # at a share of 1 a backward runs at ``eff``: the grid of its product
-        for phase, grid in floors.items():
-            mask = bwd == phase
-            for floor in grid:
-                val = float(np.sum(np.abs(np.log(t[mask] + floor * 1e-6) - y[mask])))
-                if val < best[phase][0] - 1e-12:
-                    best[phase] = (val, float(eff), float(floor))
+    from dataclasses import replace
+
+    from .params import default_params
+
+    base = base or default_params()
+    d_halves = ATTENTION_D_HALF_GRID if d_half_grid is None else np.asarray(d_half_grid, float)
+    fits = []
+    for d_half in d_halves:
+        at = replace(base, attention_d_half=float(d_half))
+        model_s, y, bwd = _attention_kernels(records, at)
+        if not len(y):
+            raise InputError("fit_attention: no fused-attention records in "
+                             f"{'/'.join(ATTENTION_FIT_DTYPES)} over {ATTENTION_FIT_MIN_FLOPS:g} FLOPs")
+        floors = {False: np.array([0.0, 5, 10, 20, 30, 50]), True: np.array([0.0, 20, 50, 80, 100, 120, 150, 200])}
+        best = {False: (math.inf, 0.0, 0.0), True: (math.inf, 0.0, 0.0)}
+        # a share of the tensor-core peak: at most 1 (the ramp takes the share down for a finite head)
+        for eff in np.round(np.linspace(0.1, 1.0, 91), 3):
+            t = model_s(float(eff), 1.0)  # at a share of 1 a backward runs at ``eff``: the grid of its product
+            for phase, grid in floors.items():
+                mask = bwd == phase
+                for floor in grid:
+                    val = float(np.sum(np.abs(np.log(t[mask] + floor * 1e-6) - y[mask])))
+                    if val < best[phase][0] - 1e-12:
+                        best[phase] = (val, float(eff), float(floor))
+        fits.append((best[False][0] + best[True][0], float(d_half), best, at))
+    _total, d_half, best, at = min(fits, key=lambda f: f[0])
     eff = best[False][1]
     p = {"eff": eff, "bwd_share": round(best[True][1] / eff, 3), "floor_fwd_us": best[False][2],
          "floor_bwd_us": best[True][2]}
-    log_error, n = attention_error(records, base)
-    return p | {"_mean_abs_log_error": float(np.mean(np.abs(log_error(**p)))), "_kernels": n}
+    log_error, n = attention_error(records, at)
+    return p | {"d_half": d_half, "_mean_abs_log_error": float(np.mean(np.abs(log_error(**p)))), "_kernels": n}
 
 
 #: Forward element-wise records the eager dispatch rate is read from: small enough (bytes read and written)
@@ -536,7 +553,7 @@ def main(argv: list[str] | None = None) -> int:
     if not gpu:
         raise SystemExit(f"calibrate: no GPU operator records (*/ops_cuda.parquet) under {args.measured}")
     every = pd.concat(list(gpu.values()), ignore_index=True)
-    # the attention model reads the memory bound and the GEMMs' k½ ramp fitted above
+    # the attention model reads the memory bound fitted above (its head-dimension ramp is its own)
     fitted = replace(default_params(), memory_efficiency=mem["eff"], gemm_efficiency_fp32=gemm["eff"],
                      gemm_k_half=gemm["k_half"], gemm_unaligned_share=gemm["unaligned"],
                      slot_power_compute_share=share["share"])
@@ -544,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
         one = fit_attention(rows, base=fitted)
         others = pd.concat([r for n, r in gpu.items() if n != name], ignore_index=True) if len(gpu) > 1 else None
         if others is not None:
-            err, _n = attention_error(others, base=fitted)
+            err, _n = attention_error(others, base=replace(fitted, attention_d_half=one["d_half"]))
             held = float(np.mean(np.abs(err(one["eff"], one["bwd_share"], one["floor_fwd_us"], one["floor_bwd_us"]))))
             print(f"fused attention fitted on {name} alone: {one}; mean |log err| on the others' {_n}: {held:.3f}")
         print(f"eager dispatch on {name}: {eager_dispatch_us(rows)} (µs, records)")
@@ -571,9 +588,11 @@ def main(argv: list[str] | None = None) -> int:
         "attention_efficiency": (att["eff"], f"fit by learnedperf.cost.calibrate on the fused-attention kernels "
                                              f"(bf16/fp16, over 1 GFLOP) of {', '.join(gpu)} (torch SDPA), "
                                              f"{att['_kernels']} records, with attention_bwd_share and the "
-                                             f"head-dimension ramp d/(d + gemm_k_half); mean |log err| "
+                                             f"head-dimension ramp d/(d + attention_d_half); mean |log err| "
                                              f"{att['_mean_abs_log_error']:.3f}"),
         "attention_bwd_share": (att["bwd_share"], "fit by learnedperf.cost.calibrate (same fit)"),
+        "attention_d_half": (att["d_half"], "fit by learnedperf.cost.calibrate (same fit, over "
+                                            "cost.calibrate.ATTENTION_D_HALF_GRID)"),
         "eager_dispatch_us": (round(eager, 1), f"measured: median per-call time of {n_eager} forward element-wise "
                                                f"records of at most {EAGER_DISPATCH_MAX_BYTES} bytes timed back to "
                                                f"back on {', '.join(gpu)} (learnedperf.cost.calibrate)"),

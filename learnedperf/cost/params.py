@@ -55,8 +55,13 @@ class CostParams:
         tile_m, tile_n: output tile of a GEMM thread block (CUTLASS/cuBLAS Ampere default 128×128)
             used for wave quantisation over the SMs.
         attention_efficiency: fraction of tensor-core peak a fused (flash) attention kernel's forward
-            reaches at a large head dimension; a head of ``d`` reaches ``d / (d + gemm_k_half)`` of it (the
+            reaches at a large head dimension; a head of ``d`` reaches ``d / (d + attention_d_half)`` of it (the
             scores' GEMM has the head dimension as its inner dimension).
+        attention_d_half: head dimension at which a fused attention kernel reaches half its large-head
+            efficiency (its ramp ``d / (d + attention_d_half)``), fitted on measured attention kernels apart from
+            the GEMMs' ``gemm_k_half``: the two ramps differ (the lent GPUs' SDPA kernels fit 96, mean |log err|
+            0.163, where the fp32 GEMMs' 8 leaves them at 0.206). None: ``gemm_k_half``, the one ramp of both
+            before 2026-11-29.
         attention_bwd_share: the share of the forward's efficiency the backward reaches, its FLOPs counted
             as twice the forward's (FlashAttention's backward recomputes the scores: five GEMMs to two).
         memory_efficiency: fraction of data-sheet DRAM bandwidth a memory-bound kernel reaches.
@@ -114,6 +119,7 @@ class CostParams:
     tile_m: int = 128
     tile_n: int = 128
     attention_efficiency: float = 0.5
+    attention_d_half: Optional[float] = None
     attention_bwd_share: float = 1.0
     memory_efficiency: float = 0.8
     kernel_launch_us: float = 5.0

@@ -67,6 +67,7 @@ class RooflineCost(CostModel):
         # a slot-powered card cannot hold the boost clock its data-sheet peaks are quoted at (CostParams);
         # a measured kernel curve is an achieved rate and is not derated
         self._power_share = self.p.slot_power_compute_share if slot_powered(d) else 1.0
+        self._attention_d_half = self.p.gemm_k_half if self.p.attention_d_half is None else self.p.attention_d_half
         self._cache: dict[Op, float] = {}
         # the curve lookup of each op, once: LearnedOpCost asks has_curve before compute_time_s
         self._curves: dict[Op, float | None] = {}
@@ -128,8 +129,8 @@ class RooflineCost(CostModel):
             peak, eff = self._peak_flops(op.dtype, kind)
             flops = attention_flops(op, self.p.tile_n)
             tiles = b * heads * math.ceil(s_q / self.p.tile_m)
-            # the scores' GEMM has the head dimension as its inner one: the GEMMs' k½ ramp
-            eff *= self._power_share * self._wave_efficiency(tiles) * hd / (hd + self.p.gemm_k_half)
+            # the scores' GEMM has the head dimension as its inner one: a ramp like the GEMMs' k½, fitted apart
+            eff *= self._power_share * self._wave_efficiency(tiles) * hd / (hd + self._attention_d_half)
             if op.phase == "bwd":
                 eff *= self.p.attention_bwd_share
             t = self._launch + max(flops / (peak * eff), op.bytes / self._bw)
