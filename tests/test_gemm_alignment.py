@@ -82,8 +82,8 @@ NEUSIGHT = pytest.mark.skipif(not (default_shared_data() / "neusight_ops.parquet
 def test_within_each_part_of_neusight_grid_alignment_moves_the_median_little():
     """Measured: inside each part of NeuSight's grid (random dimensions, transformer dimensions) the fp32
     linear/bmm kernels of over 10 GFLOP reach about the same median share of the peak aligned or not, on every
-    GPU (|log ratio| under 0.11; the largest, 0.10, the P100's transformer-shaped kernels, whose unaligned
-    ones have a vocabulary as inner dimension). Over both parts together they differed by 11-116 %: most
+    GPU (|log ratio| under 0.11; the largest, 0.10, the P100's transformer-shaped kernels, where those with a
+    vocabulary as inner dimension are slow). Over both parts together they differed by 11-116 %: most
     aligned kernels are transformer-shaped and most unaligned ones random (2026-11-29)."""
     records = load_neusight_ops(ops=("linear", "bmm"))
     for split in ("train_dims", MODEL_SHAPED_SPLIT):
