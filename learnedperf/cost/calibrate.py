@@ -281,7 +281,7 @@ ATTENTION_FIT_MIN_FLOPS = 1e9
 
 def _attention_kernels(records, base=None):
     """The measured fused-attention kernels :func:`attention_error` reads: ``(model_s, log_measured_s, bwd)``,
-    ``model_s(eff, bwd_share)`` the roofline's seconds of each with those constants, no floor."""
+    ``model_s(eff, bwd_share, d_half=None)`` the roofline's seconds of each with those constants, no floor."""
     import json
     from dataclasses import replace
 
@@ -300,8 +300,10 @@ def _attention_kernels(records, base=None):
         ys.append(y)
     base = replace(base or default_params(), kernel_launch_us=0.0, kernel_floor_us=0.0)
 
-    def model_s(eff: float, bwd_share: float) -> np.ndarray:
-        p = replace(base, attention_efficiency=eff, attention_bwd_share=bwd_share)
+    def model_s(eff: float, bwd_share: float, d_half: float | None = None) -> np.ndarray:
+        # d_half: the head-dimension ramp's half point to try (None: ``base``'s)
+        p = replace(base, attention_efficiency=eff, attention_bwd_share=bwd_share,
+                    attention_d_half=base.attention_d_half if d_half is None else d_half)
         out = []
         for hw, ops in groups:
             cost = RooflineCost(hw, p)
@@ -354,32 +356,32 @@ def fit_attention(records, base=None, d_half_grid=None) -> dict[str, float]:
 
     from .params import default_params
 
-    base = base or default_params()
+    # the records are read once; each grid point only re-costs them
+    model_s, y, bwd = _attention_kernels(records, base)
+    if not len(y):
+        raise InputError("fit_attention: no fused-attention records in "
+                         f"{'/'.join(ATTENTION_FIT_DTYPES)} over {ATTENTION_FIT_MIN_FLOPS:g} FLOPs")
+    floors = {False: np.array([0.0, 5, 10, 20, 30, 50]), True: np.array([0.0, 20, 50, 80, 100, 120, 150, 200])}
     d_halves = ATTENTION_D_HALF_GRID if d_half_grid is None else np.asarray(d_half_grid, float)
     fits = []
     for d_half in d_halves:
-        at = replace(base, attention_d_half=float(d_half))
-        model_s, y, bwd = _attention_kernels(records, at)
-        if not len(y):
-            raise InputError("fit_attention: no fused-attention records in "
-                             f"{'/'.join(ATTENTION_FIT_DTYPES)} over {ATTENTION_FIT_MIN_FLOPS:g} FLOPs")
-        floors = {False: np.array([0.0, 5, 10, 20, 30, 50]), True: np.array([0.0, 20, 50, 80, 100, 120, 150, 200])}
         best = {False: (math.inf, 0.0, 0.0), True: (math.inf, 0.0, 0.0)}
         # a share of the tensor-core peak: at most 1 (the ramp takes the share down for a finite head)
         for eff in np.round(np.linspace(0.1, 1.0, 91), 3):
-            t = model_s(float(eff), 1.0)  # at a share of 1 a backward runs at ``eff``: the grid of its product
+            # at a share of 1 a backward runs at ``eff``: the grid of its product
+            t = model_s(float(eff), 1.0, float(d_half))
             for phase, grid in floors.items():
                 mask = bwd == phase
                 for floor in grid:
                     val = float(np.sum(np.abs(np.log(t[mask] + floor * 1e-6) - y[mask])))
                     if val < best[phase][0] - 1e-12:
                         best[phase] = (val, float(eff), float(floor))
-        fits.append((best[False][0] + best[True][0], float(d_half), best, at))
-    _total, d_half, best, at = min(fits, key=lambda f: f[0])
+        fits.append((best[False][0] + best[True][0], float(d_half), best))
+    _total, d_half, best = min(fits, key=lambda f: f[0])
     eff = best[False][1]
     p = {"eff": eff, "bwd_share": round(best[True][1] / eff, 3), "floor_fwd_us": best[False][2],
          "floor_bwd_us": best[True][2]}
-    log_error, n = attention_error(records, at)
+    log_error, n = attention_error(records, replace(base or default_params(), attention_d_half=d_half))
     return p | {"d_half": d_half, "_mean_abs_log_error": float(np.mean(np.abs(log_error(**p)))), "_kernels": n}
 
 
