@@ -23,6 +23,11 @@
 * The host's rate for a bare tensor operation (same records: tiny forward element-wise kernels timed back
   to back) → ``eager_dispatch_us``, measured, not fitted.
 
+Two kernel models fit their kernels better but whole steps worse, and ship switched off (``params.json`` leaves
+them out; ``experiments/kernel_models_in_steps.py`` prints both fits and their steps): the tensor-core GEMMs' own
+inner-dimension ramp (:func:`fit_gemm_tensor` → ``gemm_k_half_tensor``) and the row reductions' share of the
+element-wise bandwidth (:func:`fit_reduction_share` → ``reduction_memory_share``).
+
 The per-kernel overhead inside a training step (``kernel_launch_us``) is fit on
 whole steps by ``experiments/calibrate_steps.py``.
 
@@ -107,6 +112,29 @@ def fit_memory_bound(ops, names: frozenset[str] | set[str] | None = None) -> dic
         return float(np.mean(np.abs(np.log(t) - y)))
 
     return _grid_fit(loss, {"eff": np.linspace(0.3, 1.0, 71), "launch_us": np.array([0.0])})
+
+
+#: NeuSight's row-reduction ops (PyTorch's layer norm and softmax kernels): ``reduction_memory_share``
+_REDUCTIONS = frozenset({"ln", "softmax"})
+#: NeuSight's element-wise ops: ``memory_efficiency``
+_ELEMENTWISE = frozenset((_BINARY | _UNARY) - _REDUCTIONS)
+
+
+def fit_reduction_share(ops, memory_eff: float) -> dict[str, float]:
+    """Fit ``reduction_memory_share`` on NeuSight's layer-norm and softmax kernels over 100 µs, their bandwidth
+    ``memory_eff`` (the element-wise kernels' efficiency) times the share: ``{"share", "_mean_abs_log_error"}``."""
+    devs = _devices()
+    d = ops[ops.op.isin(_REDUCTIONS) & ops.device.isin(list(devs)) & (ops.latency_ms > 0.1)]
+    if d.empty:
+        raise InputError("fit_reduction_share: no layer-norm or softmax kernels over 100 µs")
+    nbytes = d.B.to_numpy(float) * d.H.to_numpy(float) * 2.0 * 4.0  # one fp32 read and one write per element
+    bw = d.device.map(lambda n: devs[n]["memory_bandwidth_GBps"] * 1e9).to_numpy(float) * memory_eff
+    y = np.log(d.latency_ms.to_numpy(float) * 1e-3)
+
+    def loss(p):
+        return float(np.mean(np.abs(np.log(nbytes / (bw * p["share"])) - y)))
+
+    return _grid_fit(loss, {"share": np.round(np.linspace(0.3, 1.2, 91), 3)})
 
 
 def gemm_fp32_error(ops, memory_eff: float, tile: int = 128):
@@ -273,6 +301,35 @@ def _record_ops(rows) -> tuple[list, np.ndarray]:
     return ops, np.log(rows["time_ms"].to_numpy(float) * 1e-3)
 
 
+def _device_groups(rows) -> tuple[list, np.ndarray]:
+    """Operator records grouped by the device descriptor each was recorded with: ``([(hardware, ops)], log
+    measured seconds)`` in group order. Measured curves are dropped from the descriptors: they would replace the
+    model being fitted."""
+    import json
+
+    from ..specs import HardwareSpec
+
+    groups, ys = [], []
+    for device, dev_rows in rows.groupby("device", sort=True):
+        desc = {k: v for k, v in json.loads(device).items() if k not in ("kernel_curves", "optimizer_step")}
+        hw = HardwareSpec.parse({"device": desc, "num_devices": 1, "devices_per_node": 1})
+        ops, y = _record_ops(dev_rows)
+        groups.append((hw, ops))
+        ys.append(y)
+    return groups, (np.concatenate(ys) if ys else np.zeros(0))
+
+
+def _groups_time_s(groups, params) -> np.ndarray:
+    """The roofline's seconds of every op of :func:`_device_groups`' groups with ``params``, in order."""
+    from .roofline import RooflineCost
+
+    out = []
+    for hw, ops in groups:
+        cost = RooflineCost(hw, params)
+        out.append(np.fromiter((cost.compute_time_s(op) for op in ops), float, len(ops)))
+    return np.concatenate(out) if out else np.zeros(0)
+
+
 #: Fused-attention kernels the attention fit reads: tensor-core dtypes, over a GFLOP (smaller ones are the
 #: host's launch more than the kernel's work)
 ATTENTION_FIT_DTYPES = ("bf16", "fp16")
@@ -282,36 +339,22 @@ ATTENTION_FIT_MIN_FLOPS = 1e9
 def _attention_kernels(records, base=None):
     """The measured fused-attention kernels :func:`attention_error` reads: ``(model_s, log_measured_s, bwd)``,
     ``model_s(eff, bwd_share, d_half=None)`` the roofline's seconds of each with those constants, no floor."""
-    import json
     from dataclasses import replace
 
-    from ..specs import HardwareSpec
     from .params import default_params
-    from .roofline import RooflineCost
 
     d = records[(records["kind"] == "attention") & records["dtype"].isin(ATTENTION_FIT_DTYPES)
                 & (records["flops"] >= ATTENTION_FIT_MIN_FLOPS)]
-    groups, ys = [], []
-    for device, rows in d.groupby("device", sort=True):
-        desc = {k: v for k, v in json.loads(device).items() if k not in ("kernel_curves", "optimizer_step")}
-        hw = HardwareSpec.parse({"device": desc, "num_devices": 1, "devices_per_node": 1})
-        ops, y = _record_ops(rows)
-        groups.append((hw, ops))
-        ys.append(y)
+    groups, y = _device_groups(d)
     base = replace(base or default_params(), kernel_launch_us=0.0, kernel_floor_us=0.0)
 
     def model_s(eff: float, bwd_share: float, d_half: float | None = None) -> np.ndarray:
         # d_half: the head-dimension ramp's half point to try (None: ``base``'s)
-        p = replace(base, attention_efficiency=eff, attention_bwd_share=bwd_share,
-                    attention_d_half=base.attention_d_half if d_half is None else d_half)
-        out = []
-        for hw, ops in groups:
-            cost = RooflineCost(hw, p)
-            out.append(np.fromiter((cost.compute_time_s(op) for op in ops), float, len(ops)))
-        return np.concatenate(out) if out else np.zeros(0)
+        return _groups_time_s(groups, replace(base, attention_efficiency=eff, attention_bwd_share=bwd_share,
+                                              attention_d_half=base.attention_d_half if d_half is None else d_half))
 
     bwd = np.array([op.phase == "bwd" for _hw, ops in groups for op in ops], bool)
-    return model_s, (np.concatenate(ys) if ys else np.zeros(0)), bwd
+    return model_s, y, bwd
 
 
 def attention_error(records, base=None):
@@ -383,6 +426,74 @@ def fit_attention(records, base=None, d_half_grid=None) -> dict[str, float]:
          "floor_bwd_us": best[True][2]}
     log_error, n = attention_error(records, replace(base or default_params(), attention_d_half=d_half))
     return p | {"d_half": d_half, "_mean_abs_log_error": float(np.mean(np.abs(log_error(**p)))), "_kernels": n}
+
+
+#: Tensor-core GEMM kernels :func:`fit_gemm_tensor` reads: forward calls (a backward timed alone pays the autograd
+#: engine's start-up, ~100 µs, which would swamp the ramp) in the tensor-core dtypes, over a GFLOP
+GEMM_TENSOR_FIT_DTYPES = ("bf16", "fp16")
+GEMM_TENSOR_FIT_MIN_FLOPS = 1e9
+#: Inner dimensions at which :func:`fit_gemm_tensor` tries the tensor-core ramp's half point
+GEMM_K_HALF_TENSOR_GRID = np.array([0.0, 8, 16, 32, 64, 96, 128, 192, 256, 384, 512])
+
+
+def _gemm_tensor_kernels(records, base=None):
+    """The measured tensor-core GEMMs :func:`fit_gemm_tensor` reads: ``(model_s, log_measured_s)``,
+    ``model_s(eff, k_half)`` the roofline's seconds of each with ``gemm_efficiency_tensor`` = ``eff`` and
+    ``gemm_k_half_tensor`` = ``k_half``, no floor, each on the data-sheet descriptor it was recorded with."""
+    from dataclasses import replace
+
+    from .params import default_params
+
+    d = records[(records["kind"] == "matmul") & records["dtype"].isin(GEMM_TENSOR_FIT_DTYPES)
+                & (records["direction"] == "fwd") & (records["flops"] >= GEMM_TENSOR_FIT_MIN_FLOPS)]
+    groups, y = _device_groups(d)
+    base = replace(base or default_params(), kernel_launch_us=0.0, kernel_floor_us=0.0)
+
+    def model_s(eff: float, k_half: float) -> np.ndarray:
+        return _groups_time_s(groups, replace(base, gemm_efficiency_tensor=eff, gemm_k_half_tensor=k_half))
+
+    return model_s, y
+
+
+def fit_gemm_tensor(records, base=None, k_half_grid=None) -> dict[str, float]:
+    """Fit the tensor-core GEMMs' inner-dimension ramp ``gemm_k_half_tensor`` on measured GEMM kernels.
+
+    Args:
+        records: operator records (a DataFrame in ``OP_COLUMNS`` layout) of one or more GPUs; the forward
+            ``matmul`` kernels in :data:`GEMM_TENSOR_FIT_DTYPES` over :data:`GEMM_TENSOR_FIT_MIN_FLOPS` are read.
+        base: constants the model starts from (its memory efficiency bounds the small-k kernels).
+        k_half_grid: half points to try (default :data:`GEMM_K_HALF_TENSOR_GRID`).
+
+    Returns:
+        ``{"k_half", "eff", "floor_us", "_mean_abs_log_error", "_kernels"}``: the half point, with the large-GEMM
+        efficiency and a per-call measurement floor fitted beside it over grids (a kernel timed alone pays its
+        call's start-up, which a training step's queue hides). Only ``k_half`` is a constant of the simulator:
+        the efficiency it uses is fitted on whole steps (``experiments/calibrate_steps.py``), the floor on none.
+    """
+    model_s, y = _gemm_tensor_kernels(records, base)
+    if not len(y):
+        raise InputError("fit_gemm_tensor: no forward matmul records in "
+                         f"{'/'.join(GEMM_TENSOR_FIT_DTYPES)} over {GEMM_TENSOR_FIT_MIN_FLOPS:g} FLOPs")
+    grid = GEMM_K_HALF_TENSOR_GRID if k_half_grid is None else np.asarray(k_half_grid, float)
+    best = (math.inf, 0.0, 0.0, 0.0)
+    for k_half in grid:
+        for eff in np.round(np.linspace(0.1, 1.0, 91), 3):
+            t = model_s(float(eff), float(k_half))
+            for floor in (0.0, 5, 10, 15, 20, 30, 50):
+                val = float(np.mean(np.abs(np.log(t + floor * 1e-6) - y)))
+                if val < best[0] - 1e-12:
+                    best = (val, float(k_half), float(eff), float(floor))
+    return {"k_half": best[1], "eff": best[2], "floor_us": best[3], "_mean_abs_log_error": best[0],
+            "_kernels": len(y)}
+
+
+def gemm_tensor_error(records, k_half: float, eff: float, floor_us: float, base=None) -> float:
+    """Mean |log(model / measured)| of the roofline on the tensor-core GEMM kernels :func:`fit_gemm_tensor` reads,
+    with the given ramp, efficiency and measurement floor (to score a fit on another GPU's kernels)."""
+    model_s, y = _gemm_tensor_kernels(records, base)
+    if not len(y):
+        raise InputError("gemm_tensor_error: no tensor-core GEMM records to score")
+    return float(np.mean(np.abs(np.log(model_s(eff, k_half) + floor_us * 1e-6) - y)))
 
 
 #: Forward element-wise records the eager dispatch rate is read from: small enough (bytes read and written)

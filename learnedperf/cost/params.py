@@ -30,6 +30,10 @@ SLOT_POWER_W = 75.0
 GEMM_ALIGN_BYTES = 16
 
 
+#: Op kinds costed as row reductions (``CostParams.reduction_memory_share``)
+REDUCTION_KINDS = ("softmax", "layernorm", "rmsnorm")
+
+
 def gemm_aligned(shape, dtype_bytes: int) -> bool:
     """Whether a GEMM of ``shape`` ``(b, m, n, k)`` has every one of m, n and k a multiple of
     :data:`GEMM_ALIGN_BYTES` bytes of its ``dtype_bytes``-byte elements."""
@@ -52,6 +56,12 @@ class CostParams:
         gemm_efficiency_tensor: fraction of the data-sheet tensor-core peak a large GEMM reaches.
         gemm_efficiency_fp32: fraction of the fp32 (non-tensor-core) peak a large GEMM reaches.
         gemm_k_half: inner dimension at which a GEMM reaches half its large-k efficiency.
+        gemm_k_half_tensor: the same for a GEMM on the tensor-core peak (tf32/bf16/fp16/fp8): a tensor-core kernel
+            steps through k in deeper tiles (a CUTLASS Hopper bf16 tile is 128×128×64, an Ampere SIMT fp32 one
+            128×128×8), so a short inner dimension leaves more of its pipeline unfilled. None (shipped):
+            ``gemm_k_half``, one ramp for every GEMM. The lent GPUs' bf16/fp16 kernels fit 192 (mean |log err|
+            0.200 against 0.218 at 8), but with it the tensor-core efficiency refitted on vTrain's steps costs SC21
+            2.9 → 3.8 % and moves no other step set (``experiments/kernel_models_in_steps.py``).
         tile_m, tile_n: output tile of a GEMM thread block (CUTLASS/cuBLAS Ampere default 128×128)
             used for wave quantisation over the SMs.
         attention_efficiency: fraction of tensor-core peak a fused (flash) attention kernel's forward
@@ -65,6 +75,12 @@ class CostParams:
         attention_bwd_share: the share of the forward's efficiency the backward reaches, its FLOPs counted
             as twice the forward's (FlashAttention's backward recomputes the scores: five GEMMs to two).
         memory_efficiency: fraction of data-sheet DRAM bandwidth a memory-bound kernel reaches.
+        reduction_memory_share: the share of that bandwidth a row-reduction kernel (softmax, layer norm, RMS norm:
+            :data:`REDUCTION_KINDS`) keeps: it reads each row for its statistics before it writes, and holds
+            fewer bytes in flight than an element-wise kernel. 1 (shipped): every memory-bound kernel alike.
+            NeuSight's kernels fit 0.76 of the element-wise kernels' 0.76, which also fits the lent GPUs' norm
+            kernels better, but whole steps worse (SC21 2.9 → 4.5 %, NeuSight's 8.5 → 9.6 %;
+            ``experiments/kernel_models_in_steps.py``).
         kernel_launch_us: fixed time added to every kernel (launch gap and tail).
         kernel_floor_us: shortest time a kernel occupies the stream in a training step (the host's
             per-operator dispatch time, which small kernels cannot hide), kernel by kernel.
@@ -116,12 +132,14 @@ class CostParams:
     gemm_efficiency_tensor: float = 0.8
     gemm_efficiency_fp32: float = 0.8
     gemm_k_half: float = 64.0
+    gemm_k_half_tensor: Optional[float] = None
     tile_m: int = 128
     tile_n: int = 128
     attention_efficiency: float = 0.5
     attention_d_half: Optional[float] = None
     attention_bwd_share: float = 1.0
     memory_efficiency: float = 0.8
+    reduction_memory_share: float = 1.0
     kernel_launch_us: float = 5.0
     kernel_floor_us: float = 0.0
     host_dispatch_us: float = 0.0

@@ -9,7 +9,7 @@ from ..specs import HardwareSpec
 from .base import CommCost, CostModel
 from .collective import collective_cost
 from .curves import curve_rate_flops
-from .params import CostParams, default_params, gemm_aligned, slot_powered
+from .params import REDUCTION_KINDS, CostParams, default_params, gemm_aligned, slot_powered
 
 _TC_PRECISIONS = ("tf32", "bf16", "fp16", "fp8")
 
@@ -29,11 +29,13 @@ class RooflineCost(CostModel):
 
     A GEMM takes ``launch + max(FLOPs / (peak·η), bytes / (bandwidth·η_mem))`` where
     η is the fitted large-GEMM efficiency times wave quantisation over the SMs
-    (``tiles / (waves·SMs)``) times an inner-dimension factor ``k / (k + k½)``; an fp32 GEMM with a
+    (``tiles / (waves·SMs)``) times an inner-dimension factor ``k / (k + k½)`` (``gemm_k_half_tensor`` on the
+    tensor-core peak, ``gemm_k_half`` on the fp32 one); an fp32 GEMM with a
     dimension that is not a multiple of 16 bytes (:func:`~learnedperf.cost.params.gemm_aligned`) reaches
     ``gemm_unaligned_share`` of that.
     Fused attention runs at a fitted fraction of peak and skips the masked half
-    of a causal score matrix; every other kind is memory bound. A collective whose measured bus
+    of a causal score matrix; every other kind is memory bound, a row reduction (softmax, layer or RMS norm)
+    at ``reduction_memory_share`` of the element-wise bandwidth. A collective whose measured bus
     bandwidth is a fraction of all-reduce's (``hardware.collective_busbw_ratio``) moves its bytes
     at that fraction of the link rate.
 
@@ -68,6 +70,7 @@ class RooflineCost(CostModel):
         # a measured kernel curve is an achieved rate and is not derated
         self._power_share = self.p.slot_power_compute_share if slot_powered(d) else 1.0
         self._attention_d_half = self.p.gemm_k_half if self.p.attention_d_half is None else self.p.attention_d_half
+        self._k_half_tensor = self.p.gemm_k_half if self.p.gemm_k_half_tensor is None else self.p.gemm_k_half_tensor
         self._cache: dict[Op, float] = {}
         # the curve lookup of each op, once: LearnedOpCost asks has_curve before compute_time_s
         self._curves: dict[Op, float | None] = {}
@@ -92,13 +95,16 @@ class RooflineCost(CostModel):
             if kind == "attention" and dtype == "fp8":
                 dtype = "bf16"  # fused attention runs in bf16 in fp8 recipes (Transformer Engine)
             value = peaks.get(dtype) if dtype in _TC_PRECISIONS else None
-            if value is not None:
+            tensor = value is not None
+            if tensor:
                 eff = self.p.attention_efficiency if kind == "attention" else self.p.gemm_efficiency_tensor
             else:
                 value = peaks.fp32
                 eff = self.p.attention_efficiency if kind == "attention" else self.p.gemm_efficiency_fp32
             self._peak[key] = value * 1e12
             self._peak[key + "eff"] = eff
+            # the GEMM's inner-dimension ramp: the tensor cores' where the op runs on them
+            self._peak[key + "k_half"] = self._k_half_tensor if tensor else self.p.gemm_k_half
         return self._peak[key], self._peak[key + "eff"]
 
     def _wave_efficiency(self, tiles: int) -> float:
@@ -120,7 +126,8 @@ class RooflineCost(CostModel):
             b, m, n, k = op.shape
             peak, eff = self._peak_flops(op.dtype, kind)
             tiles = b * math.ceil(m / self.p.tile_m) * math.ceil(n / self.p.tile_n)
-            eff *= self._power_share * self._wave_efficiency(tiles) * k / (k + self.p.gemm_k_half)
+            k_half = self._peak[op.dtype + kind + "k_half"]
+            eff *= self._power_share * self._wave_efficiency(tiles) * k / (k + k_half)
             if op.dtype == "fp32" and not gemm_aligned(op.shape, 4):
                 eff *= self.p.gemm_unaligned_share
             t = self._launch + max(op.flops / (peak * eff), op.bytes / self._bw)
@@ -137,6 +144,8 @@ class RooflineCost(CostModel):
         elif kind == "conv":
             peak, eff = self._peak_flops(op.dtype, "matmul")
             t = self._launch + max(op.flops / (peak * eff * self._power_share), op.bytes / self._bw)
+        elif kind in REDUCTION_KINDS:
+            t = self._launch + op.bytes / (self._bw * self.p.reduction_memory_share)
         else:
             t = self._launch + op.bytes / self._bw
         if t < self._floor:
