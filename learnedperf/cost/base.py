@@ -51,6 +51,8 @@ class CostModel(ABC):
     host_dispatch_s: float = 0.0
     #: seconds the host takes to issue one bare tensor operation of an eager chain (``Op.chained``)
     chained_dispatch_s: float = 0.0
+    #: fixed seconds one pipeline send adds to its link time (``CostParams.pipeline_send_us``)
+    pipeline_send_s: float = 0.0
 
     @abstractmethod
     def compute_time_s(self, op: Op) -> float:

@@ -60,8 +60,9 @@ class CostParams:
             steps through k in deeper tiles (a CUTLASS Hopper bf16 tile is 128×128×64, an Ampere SIMT fp32 one
             128×128×8), so a short inner dimension leaves more of its pipeline unfilled. None (shipped):
             ``gemm_k_half``, one ramp for every GEMM. The lent GPUs' bf16/fp16 kernels fit 192 (mean |log err|
-            0.200 against 0.218 at 8), but with it the tensor-core efficiency refitted on vTrain's steps costs SC21
-            2.9 → 3.8 % and moves no other step set (``experiments/kernel_models_in_steps.py``).
+            0.200 against 0.218 at 8), but it costs SC21's steps 2.6 → 5.1 % (5.4 % with the tensor-core
+            efficiency refitted on vTrain's) and moves no other step set much
+            (``experiments/kernel_models_in_steps.py``).
         tile_m, tile_n: output tile of a GEMM thread block (CUTLASS/cuBLAS Ampere default 128×128)
             used for wave quantisation over the SMs.
         attention_efficiency: fraction of tensor-core peak a fused (flash) attention kernel's forward
@@ -79,7 +80,7 @@ class CostParams:
             :data:`REDUCTION_KINDS`) keeps: it reads each row for its statistics before it writes, and holds
             fewer bytes in flight than an element-wise kernel. 1 (shipped): every memory-bound kernel alike.
             NeuSight's kernels fit 0.76 of the element-wise kernels' 0.76, which also fits the lent GPUs' norm
-            kernels better, but whole steps worse (SC21 2.9 → 4.5 %, NeuSight's 8.5 → 9.6 %;
+            kernels better, but whole steps worse (SC21 2.6 → 3.1 %, NeuSight's 8.5 → 9.6 %;
             ``experiments/kernel_models_in_steps.py``).
         kernel_launch_us: fixed time added to every kernel (launch gap and tail).
         kernel_floor_us: shortest time a kernel occupies the stream in a training step (the host's
@@ -87,6 +88,13 @@ class CostParams:
         eager_dispatch_us: time the host takes to issue one bare tensor operation of an eager chain
             (``Op.chained``: RoPE's and SwiGLU's kernels after their first under eager PyTorch), which
             costs the host less than a framework-level operator. 0: chained kernels are free to issue.
+        pipeline_send_us: fixed time one pipeline-parallel send of a micro-batch's activations or gradients
+            adds to its link time (α + bytes / bandwidth), on the stream it runs on: the framework's exchange
+            around it (a blocking send/receive pair and the device synchronisation Megatron-LM runs after its
+            batched isend/irecv; DeepSpeed's pipeline instructions). Fitted on whole steps
+            (``experiments/calibrate_steps.py``): without it the simulator's miss on vTrain's pipelined runs
+            grows with the micro-batches and shrinks with the layers per stage (``experiments/
+            vtrain_pipeline_bias.py``), a cost per send. 0: a send costs its link time alone.
         host_dispatch_us: time the host takes to issue one kernel: a block of kernels issued back to back
             (a layer's forward or backward) takes at least that many times it
             (:func:`~learnedperf.cost.base.host_bound_s`). 0: the host never binds.
@@ -143,6 +151,7 @@ class CostParams:
     kernel_launch_us: float = 5.0
     kernel_floor_us: float = 0.0
     host_dispatch_us: float = 0.0
+    pipeline_send_us: float = 0.0
     eager_dispatch_us: float = 0.0
     link_efficiency_intra: float = 0.8
     link_efficiency_inter: float = 0.8

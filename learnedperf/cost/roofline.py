@@ -65,6 +65,7 @@ class RooflineCost(CostModel):
         self._floor = self.p.kernel_floor_us * 1e-6
         self.host_dispatch_s = self.p.host_dispatch_us * 1e-6
         self.chained_dispatch_s = self.p.eager_dispatch_us * 1e-6
+        self.pipeline_send_s = self.p.pipeline_send_us * 1e-6
         self._peak: dict[str, float] = {}
         # a slot-powered card cannot hold the boost clock its data-sheet peaks are quoted at (CostParams);
         # a measured kernel curve is an achieved rate and is not derated

@@ -330,8 +330,9 @@ def analytic_time(run: Any, ctx: RunContext, loads: Optional[list] = None) -> An
         e = 4 if s.autocast else 2 if s.precision == "fp8" else _BYTES[s.precision]
         act = s.micro_batch_size * m.seq_length / cp * m.hidden_size * e
         p2p = act / (tp if s.sequence_parallel and tp > 1 else 1)
-        # activations forward, their gradients backward
-        pp_s = (1 if s.forward_only else 2) * p2p * mb * v / _link_Bps(ctx, pp, tp * cp * dp)
+        # activations forward, their gradients backward, each send with its fixed exchange time
+        sends = (1 if s.forward_only else 2) * mb * v
+        pp_s = sends * (p2p / _link_Bps(ctx, pp, tp * cp * dp) + ctx.cost.pipeline_send_s)
     if loads is None:
         loads = stage_loads(chunk_layout(run), pp, v_shape=s.v_shape)
     heaviest = max(loads, key=lambda ld: ld.dense_params + ld.expert_params)

@@ -759,6 +759,7 @@ class LearnedOpCost(CostModel):
         # the host issues learned kernels as it does the roofline's
         self.host_dispatch_s = self.comm.host_dispatch_s
         self.chained_dispatch_s = self.comm.chained_dispatch_s
+        self.pipeline_send_s = self.comm.pipeline_send_s
         self._device = hardware.device.to_dict()
         self._cache: dict[Op, float] = {}
         #: distinct compute ops costed by the regressor / by ``comm`` (outside the regressor's coverage)

@@ -433,7 +433,9 @@ class _Builder:
             if lvl not in lat_of:  # only the levels a send uses: a one-node pipeline needs no network figures
                 lat_of[lvl] = cost.comm_cost(comm("p2p", "p2p", "fwd", eg.p2p_bytes,
                                                   Group(2, 2 if lvl == "intra" else 1), s.precision))
-            return lat_of[lvl].latency_s, [(self.link(src, lvl), eg.p2p_bytes), (self.link(dst, lvl), eg.p2p_bytes)]
+            # the framework's exchange around each send (CostParams.pipeline_send_us) on top of the link's latency
+            return (lat_of[lvl].latency_s + cost.pipeline_send_s,
+                    [(self.link(src, lvl), eg.p2p_bytes), (self.link(dst, lvl), eg.p2p_bytes)])
         # (p2p is not kept on self: a closure over self stored on self is a reference cycle, which left every
         # builder, its engine and its graph for the cyclic garbage collector, a fifth of the simulation's time)
 
