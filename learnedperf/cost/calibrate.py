@@ -467,8 +467,9 @@ def fit_gemm_tensor(records, base=None, k_half_grid=None) -> dict[str, float]:
     Returns:
         ``{"k_half", "eff", "floor_us", "_mean_abs_log_error", "_kernels"}``: the half point, with the large-GEMM
         efficiency and a per-call measurement floor fitted beside it over grids (a kernel timed alone pays its
-        call's start-up, which a training step's queue hides). Only ``k_half`` is a constant of the simulator:
-        the efficiency it uses is fitted on whole steps (``experiments/calibrate_steps.py``), the floor on none.
+        call's start-up, which a training step's queue hides). Only ``k_half`` would be a constant of the
+        simulator, which ships without it (module docstring); its efficiency is fitted on whole steps
+        (``experiments/calibrate_steps.py``), and the floor is the measurement's.
     """
     model_s, y = _gemm_tensor_kernels(records, base)
     if not len(y):
