@@ -93,19 +93,23 @@ def _grid_fit(loss, grids: dict[str, np.ndarray]) -> dict[str, float]:
     return {k: float(v) for k, v in zip(keys, best)} | {"_mean_abs_log_error": float(best_val)}
 
 
-def fit_memory_bound(ops, names: frozenset[str] | set[str] | None = None) -> dict[str, float]:
-    """Fit ``memory_efficiency`` and ``kernel_launch_us`` on NeuSight's memory-bound ops (those named in
-    ``names``, default every element-wise, ``ln`` and ``softmax`` op: the shipped fit)."""
+def _memory_bound_kernels(ops, names) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """NeuSight's memory-bound kernels named in ``names`` over 100 µs: ``(bytes moved, the device's data-sheet
+    bandwidth in bytes/s, log measured seconds)``, one fp32 read of each input and one write per element."""
     devs = _devices()
     # isolated-kernel timings carry a ~20-30 µs measurement floor (launch + event sync) that kernels queued
     # back to back in a training step do not pay: fit the bandwidth term on kernels above 100 µs only
-    names = (_BINARY | _UNARY) if names is None else names
     d = ops[ops.op.isin(names) & ops.device.isin(list(devs)) & (ops.latency_ms > 0.1)]
     numel = d.B.to_numpy(float) * d.H.to_numpy(float)
     tensors = np.where(d.op.isin(_BINARY), 3.0, 2.0)
-    nbytes = numel * tensors * 4.0
     bw = d.device.map(lambda n: devs[n]["memory_bandwidth_GBps"] * 1e9).to_numpy(float)
-    y = np.log(d.latency_ms.to_numpy(float) * 1e-3)
+    return numel * tensors * 4.0, bw, np.log(d.latency_ms.to_numpy(float) * 1e-3)
+
+
+def fit_memory_bound(ops, names: frozenset[str] | set[str] | None = None) -> dict[str, float]:
+    """Fit ``memory_efficiency`` and ``kernel_launch_us`` on NeuSight's memory-bound ops (those named in
+    ``names``, default every element-wise, ``ln`` and ``softmax`` op: the shipped fit)."""
+    nbytes, bw, y = _memory_bound_kernels(ops, (_BINARY | _UNARY) if names is None else names)
 
     def loss(p):
         t = p["launch_us"] * 1e-6 + nbytes / (bw * p["eff"])
@@ -123,16 +127,12 @@ _ELEMENTWISE = frozenset((_BINARY | _UNARY) - _REDUCTIONS)
 def fit_reduction_share(ops, memory_eff: float) -> dict[str, float]:
     """Fit ``reduction_memory_share`` on NeuSight's layer-norm and softmax kernels over 100 µs, their bandwidth
     ``memory_eff`` (the element-wise kernels' efficiency) times the share: ``{"share", "_mean_abs_log_error"}``."""
-    devs = _devices()
-    d = ops[ops.op.isin(_REDUCTIONS) & ops.device.isin(list(devs)) & (ops.latency_ms > 0.1)]
-    if d.empty:
+    nbytes, bw, y = _memory_bound_kernels(ops, _REDUCTIONS)
+    if not len(y):
         raise InputError("fit_reduction_share: no layer-norm or softmax kernels over 100 µs")
-    nbytes = d.B.to_numpy(float) * d.H.to_numpy(float) * 2.0 * 4.0  # one fp32 read and one write per element
-    bw = d.device.map(lambda n: devs[n]["memory_bandwidth_GBps"] * 1e9).to_numpy(float) * memory_eff
-    y = np.log(d.latency_ms.to_numpy(float) * 1e-3)
 
     def loss(p):
-        return float(np.mean(np.abs(np.log(nbytes / (bw * p["share"])) - y)))
+        return float(np.mean(np.abs(np.log(nbytes / (bw * memory_eff * p["share"])) - y)))
 
     return _grid_fit(loss, {"share": np.round(np.linspace(0.3, 1.2, 91), 3)})
 
