@@ -34,7 +34,14 @@ Running one again changes nothing.
   (Megatron-LM's). Adds ``"checkpoint_impl": "non_reentrant"`` to every step with recomputation that does not
   state it.
 
-Usage: ``python experiments/amend_records.py {autocast,busbw,fsdp,moe_loop,eager,checkpoint} DATASET_DIR ...``
+* ``optimizer`` — ``learnedperf measure`` builds its optimizers with torch.optim's default implementation (foreach
+  over CUDA tensors, a for-loop over CPU ones) and ends every step with ``zero_grad(set_to_none=True)``; records
+  written before ``strategy.optimizer_impl`` and ``strategy.persistent_grads`` existed read as the defaults, a fused
+  optimizer and gradient buffers kept across steps. Adds ``"optimizer_impl"`` (``"foreach"`` where the data set's
+  collections ran on CUDA, ``"for_loop"`` on a CPU) and ``"persistent_grads": false`` to every step with an optimizer
+  that states neither.
+
+Usage: ``python experiments/amend_records.py {autocast,busbw,fsdp,moe_loop,eager,checkpoint,optimizer} DATASET_DIR ...``
 """
 
 from __future__ import annotations
@@ -173,8 +180,38 @@ def amend_checkpoint(directory: Path, command: str) -> int:
                        "with recomputation and recomputed run_id; measured values unchanged")
 
 
+def optimizer_marker(impl: str) -> Callable[[dict], None]:
+    """A change that adds ``optimizer_impl: impl`` and ``persistent_grads: false`` to a step with an optimizer
+    that states neither."""
+    def mark(run: dict) -> None:
+        s = run.setdefault("strategy", {})
+        if s.get("optimizer", "adam") != "none" and "optimizer_impl" not in s and "persistent_grads" not in s:
+            s["optimizer_impl"] = impl
+            s["persistent_grads"] = False
+
+    return mark
+
+
+def amend_optimizer(directory: Path, command: str) -> int:
+    """The ``optimizer`` amendment of ``directory`` (see the module docstring): the implementation torch.optim
+    chose on the device its collections ran on (the manifest's ``collections[].device``)."""
+    from learnedperf.errors import InputError
+    from learnedperf.measure.records import verify_manifest
+
+    devices = {c.get("device") for c in verify_manifest(directory).get("collections", [])}
+    if len(devices) != 1 or not devices <= {"cuda", "cpu"}:
+        raise InputError(f"{directory}: manifest.json collections ran on {sorted(map(str, devices))}; the optimizer "
+                         "amendment needs one device kind, 'cuda' or 'cpu'")
+    impl = "foreach" if devices == {"cuda"} else "for_loop"
+    return amend_steps(directory, optimizer_marker(impl), command,
+                       f"steps ran torch.optim's default implementation on {devices.pop()} ({impl}) and set their "
+                       "gradients to None after each step (zero_grad(set_to_none=True)): added strategy."
+                       f"optimizer_impl = '{impl}' and strategy.persistent_grads = false to the runs with an "
+                       "optimizer and recomputed run_id; measured values unchanged")
+
+
 AMENDMENTS = {"autocast": amend_autocast, "busbw": amend_busbw, "fsdp": amend_fsdp, "moe_loop": amend_moe_loop,
-              "eager": amend_eager, "checkpoint": amend_checkpoint}
+              "eager": amend_eager, "checkpoint": amend_checkpoint, "optimizer": amend_optimizer}
 
 
 def main(argv: list[str]) -> int:
@@ -189,7 +226,13 @@ def main(argv: list[str]) -> int:
         if not Path(d).is_dir():
             print(f"{d}: not a data set directory", file=sys.stderr)
             return 2
-        n = AMENDMENTS[argv[0]](Path(d), f"python experiments/amend_records.py {argv[0]} {Path(d).as_posix()}")
+        from learnedperf.errors import LearnedPerfError
+
+        try:
+            n = AMENDMENTS[argv[0]](Path(d), f"python experiments/amend_records.py {argv[0]} {Path(d).as_posix()}")
+        except LearnedPerfError as exc:
+            print(f"amend_records: error: {exc}", file=sys.stderr)
+            return 1
         print(f"{d}: {n} rows changed")
     return 0
 

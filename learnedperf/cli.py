@@ -63,6 +63,7 @@ _STRATEGY_FLAGS = {
     "forward_only": "forward_only", "moe_dispatcher": "moe_dispatcher", "overlap_moe_comm": "overlap_moe_comm",
     "moe_capacity_factor": "moe_capacity_factor", "moe_grouped_gemm": "moe_grouped_gemm",
     "fused_elementwise": "fused_elementwise", "checkpoint_impl": "checkpoint_impl",
+    "optimizer_impl": "optimizer_impl", "persistent_grads": "persistent_grads",
 }
 # the run format's specs.strategy.PIPELINE_SCHEDULES, spelled out: the specs import pydantic, which this module
 # leaves to the commands that build runs (tests/test_zb_v.py checks that the two agree)
@@ -161,6 +162,12 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="unfused attention (the s x s scores are materialised)")
     m.add_argument("--optimizer", choices=("adam", "sgd", "none"),
                    help="optimizer step of the iteration (default adam; none: forward and backward only)")
+    m.add_argument("--optimizer-impl", choices=("fused", "foreach", "for_loop"),
+                   help="how the optimizer step runs: fused (default: Megatron's and DeepSpeed's FusedAdam), "
+                        "foreach (torch.optim's default on GPUs) or for_loop (torch.optim's default on CPUs)")
+    m.add_argument("--no-persistent-grads", dest="persistent_grads", action="store_const", const=False,
+                   help="gradients freed after each optimizer step, as torch's zero_grad(set_to_none=True) "
+                        "does; default: kept in buffers across iterations (Megatron, DeepSpeed)")
     m.add_argument("--forward-only", action="store_const", const=True,
                    help="forward passes only (inference or evaluation step); implies --optimizer none")
     m.add_argument("--moe-dispatcher", choices=("alltoall", "deepep"),
@@ -362,7 +369,7 @@ def _add_model_arguments(p: argparse.ArgumentParser) -> None:
 
 #: run flags not spelled after their ``dest`` (switches that turn a default off)
 _FLAG_SPELLING = {"flash_attention": "--no-flash-attention", "moe_grouped_gemm": "--no-moe-grouped-gemm",
-                  "fused_elementwise": "--eager"}
+                  "fused_elementwise": "--eager", "persistent_grads": "--no-persistent-grads"}
 
 
 def _flag(dest: str) -> str:
@@ -551,8 +558,13 @@ def _table(pred: dict, run: Any) -> str:
         knobs.append("no flash attention")
     if s.forward_only:
         knobs.append("forward only")
-    elif s.optimizer != "adam":
-        knobs.append(f"optimizer {s.optimizer}")
+    else:
+        if s.optimizer != "adam":
+            knobs.append(f"optimizer {s.optimizer}")
+        if s.optimizer_impl != "fused":
+            knobs.append(f"{s.optimizer_impl} optimizer")
+        if not s.persistent_grads:
+            knobs.append("gradients freed each step")
     knobs.append(s.precision + (" autocast" if s.autocast else ""))
 
     mem = pred["peak_memory_GiB"]
@@ -568,7 +580,8 @@ def _table(pred: dict, run: Any) -> str:
          + (f" (widened: {', '.join(c.replace('_', ' ') for c in pred['novelty'])})" if pred.get("novelty") else "")),
         ("throughput", f"{pred['tokens_per_second']:,.0f} tokens/s, {pred['samples_per_second']:,.2f} samples/s"),
         ("TFLOP/s per device", f"{pred['tflops_per_device']:,.1f} (MFU {100 * pred['mfu']:.1f} %)"),
-        ("peak memory", f"{mem:,.2f} GiB of {hw.device.memory_GiB:,.2f} GiB per device: {fits}"),
+        ("peak memory", f"{mem:,.2f} GiB of {hw.device.memory_GiB:,.2f} GiB per device: {fits}"
+         + (" (at the optimizer step)" if pred.get("peak_memory_phase") == "optimizer_step" else "")),
     ]
     rows += [(f"  {k.replace('_', ' ')}", f"{v:,.2f} GiB") for k, v in pred.get("memory_GiB", {}).items()]
     rows.append(("breakdown", ""))

@@ -380,6 +380,7 @@ class Predictor:
                 "mfu": tflops / peak,
                 "peak_memory_GiB": mem_gib,
                 "memory_GiB": mem.to_GiB(),
+                "peak_memory_phase": mem.phase,
                 "fits_in_memory": mem_gib <= hw.device.memory_GiB,
                 "interval_ms": [lo_j, hi_j],
                 "interval_coverage": ck.interval.coverage,

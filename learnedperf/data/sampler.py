@@ -60,7 +60,7 @@ from typing import Any, Iterator, Optional
 
 from ..errors import InputError, LearnedPerfError, SpecError
 
-SAMPLER_VERSION = "12"
+SAMPLER_VERSION = "13"
 """Version of the sampling distribution; a change gives other runs for the same seed."""
 
 FAMILIES = ("gpt", "llama", "bert", "moe")
@@ -112,8 +112,9 @@ _ZB_V_SHARE = 0.5
 #: instead: a sampling choice so that the split backward over interleaved chunks appears in training
 _INTERLEAVED_ZB_SHARE = 0.3
 #: share of runs with RoPE, a gated or written-out activation or attention without a fused kernel drawn in eager
-#: PyTorch (``fused_elementwise`` false: Hugging Face and learnedperf measure's models): a sampling choice so that
-#: eager chains appear in training
+#: PyTorch (``fused_elementwise`` false: Hugging Face and learnedperf measure's models), trained as PyTorch's own loop
+#: trains them (torch.optim's default implementation, gradients set to None after each step): a sampling choice so
+#: that eager chains appear in training
 _EAGER_SHARE = 0.2
 #: share of runs with recomputation drawn with the non-reentrant checkpoint (``checkpoint_impl``: PyTorch's
 #: checkpoint_wrapper and learnedperf measure's models): a sampling choice so that its host cost appears in training
@@ -398,6 +399,10 @@ def _draw_strategy(rng: random.Random, spec_model: Any, device: dict, num_device
                      or not s.get("flash_attention", True))  # eager attention: scaling, mask and softmax apart
     if eager_differs and rng.random() < _EAGER_SHARE:
         s["fused_elementwise"] = False
+        if s.get("optimizer", "adam") != "none":
+            # torch.optim picks foreach over GPU tensors and a for-loop over CPU ones; zero_grad(set_to_none=True)
+            s["optimizer_impl"] = "for_loop" if str(device.get("name", "")).lower().startswith("cpu") else "foreach"
+            s["persistent_grads"] = False
     if s.get("recompute", "none") != "none" and rng.random() < _NON_REENTRANT_SHARE:
         s["checkpoint_impl"] = "non_reentrant"
     return s
@@ -607,7 +612,8 @@ def draw(seed: int, index: int, keep_oom: bool = False, skip: int = 0) -> Sample
 #: measured one takes them from it half the time (``_NEAR_STYLE_SHARE``), so that runs near the measured ones
 #: keep their framework's habits (vTrain's fp16 without fused attention or overlapped reduction, say)
 NEAR_STYLE_KEYS = ("precision", "mixed_precision", "flash_attention", "overlap_grad_reduce", "grad_reduce_precision",
-                   "recompute", "checkpoint_impl", "optimizer", "forward_only", "fused_elementwise")
+                   "recompute", "checkpoint_impl", "optimizer", "forward_only", "fused_elementwise", "optimizer_impl",
+                   "persistent_grads")
 #: share of near runs that keep their anchor's style keys: a sampling choice (half keep them, half explore the
 #: sampler's), not a measured share
 _NEAR_STYLE_SHARE = 0.5

@@ -405,7 +405,8 @@ def analytic_time(run: Any, ctx: RunContext, loads: Optional[list] = None) -> An
     else:
         exposed = max(0.0, dp_s - (compute * 2.0 / 3.0 / mb if s.overlap_grad_reduce else 0.0))
     local = sharded_params(s, dense_p, expert_p, 1)  # the optimizer step runs on this rank's shard
-    opt = sum(ctx.cost.compute_time_s(op) for op in optimizer_ops(local, s.optimizer, s.weight_precision))
+    opt = sum(ctx.cost.compute_time_s(op) for op in optimizer_ops(local, s.optimizer, s.weight_precision,
+                                                                        s.optimizer_impl))
     bubble = (pp - 1) / (v * mb) if pp > 1 else 0.0
     layers_s = dense_layers * dense_c + moe_layers * moe_c
     if s.zero_bubble and pp > 1 and layers_s > 0:

@@ -590,7 +590,8 @@ def compile_run(run: RunSpec, num_microbatches: int | None = None) -> ExecutionG
             sched = pipeline_order(s.pipeline_schedule, pp, v, m, st)
         # ZeRO shards the optimizer step as it shards the optimizer states
         local = sharded_params(s, sum(c.dense_params for c in chunks), sum(c.expert_params for c in chunks), 1)
-        stages.append(Stage(st, chunks, sched, optimizer_ops(local, s.optimizer, s.weight_precision)))
+        stages.append(Stage(st, chunks, sched, optimizer_ops(local, s.optimizer, s.weight_precision,
+                                                                s.optimizer_impl)))
 
     h, V = model.hidden_size, model.vocab_size
     # with sequence parallelism Megatron sends only this rank's 1/tp of the activations between stages

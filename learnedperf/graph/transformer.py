@@ -503,11 +503,12 @@ def head_forward(model: ModelSpec, sh: Shard) -> list[Op]:
     return ops
 
 
-def optimizer_ops(params: float, optimizer: str, precision: str) -> list[Op]:
+def optimizer_ops(params: float, optimizer: str, precision: str, impl: str = "fused") -> list[Op]:
     """Optimizer step over ``params`` local parameters (memory bound).
 
-    Adam with fp32 master weights (mixed precision) reads weight, gradient and
-    two moments and writes weight, moments and the low-precision copy; the
+    Fused Adam (``impl`` ``"fused"``) with fp32 master weights (mixed precision) reads weight, gradient and
+    two moments and writes weight, moments and the low-precision copy; torch.optim's ``"foreach"`` and
+    ``"for_loop"`` Adam run the update as seven tensor operations, each streaming its own operands. The
     gradient-norm pass for clipping reads the gradients once more. ``"none"`` (an iteration timed
     without its optimizer step) has no op.
     """
@@ -517,7 +518,13 @@ def optimizer_ops(params: float, optimizer: str, precision: str) -> list[Op]:
     if optimizer == "adam":
         # the low-precision copy: fp8 runs keep bf16 weights
         copy = 2 if fp8 else dtype_bytes(precision) if precision not in ("fp32", "tf32") else 0
-        per_param = 4 * 4 + 3 * 4 + copy + 4
+        # fused: one pass reading weight, gradient and both moments (16 B) and writing weight and moments (12 B).
+        # torch.optim's foreach and for-loop Adam (torch/optim/adam.py, _multi_tensor_adam and _single_tensor_adam)
+        # stream each operation's tensors: lerp_ of the first moment toward the gradient (12 B), mul_ and addcmul_
+        # of the second moment (8 + 12: addcmul_ reads the gradient twice, the second read from cache), its sqrt
+        # into a new tensor, div_ and add_ of eps on it (8 + 8 + 8) and addcdiv_ of the weight (16): 72 B
+        update = 28 if impl == "fused" else 72
+        per_param = update + copy + 4
         flops = 12.0
     else:
         per_param = 4 * 3 + 4

@@ -469,8 +469,9 @@ def run_dict(config: StepConfig, hardware: dict) -> dict:
     precision, fused attention (SDPA), recomputation, ZeRO / FSDP, the gradient
     bucket, whether gradient reduction overlapped backward and a MoE model's expert
     capacity factor (left out when dropless), when dropless ``moe_grouped_gemm`` false (the
-    experts run one at a time), ``fused_elementwise`` false (the models run in eager PyTorch) and, with
-    recomputation, ``checkpoint_impl`` 'non_reentrant'.
+    experts run one at a time), ``fused_elementwise`` false (the models run in eager PyTorch), torch.optim's
+    default ``optimizer_impl`` (foreach on a GPU, the for-loop on a CPU) with ``persistent_grads`` false (the
+    gradients set to None after each step) and, with recomputation, ``checkpoint_impl`` 'non_reentrant'.
     """
     plan = plan_step(config)
     return _run_dict(plan, hardware)
@@ -508,6 +509,9 @@ def _run_dict(plan: StepPlan, hardware: dict) -> dict:
         # explicit prefetch is configured, and CPU has no side streams), so gathers are not overlapped.
         "overlap_param_gather": False if sharded in ("zero2", "fsdp") else True,
         "optimizer": s["optimizer"],
+        # torch.optim's own choice of implementation (make_optimizer passes neither foreach nor fused): foreach
+        # over CUDA tensors, a for-loop over CPU ones; every step ends with zero_grad(set_to_none=True)
+        "optimizer_impl": "foreach" if plan.cuda else "for_loop", "persistent_grads": False,
         # left out at 1 (the run format's default): runs without hybrid sharding, and their run ids, stay as they were
         **({"dp_replicate": plan.dp_replicate} if plan.dp_replicate > 1 else {}),
         # left out when dropless (the run format's None), as the run format writes it

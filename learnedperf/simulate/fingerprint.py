@@ -7,8 +7,9 @@ it: it stayed at 0.1.0 through every change of the graph and of the host model. 
 sha256 of the simulated iteration time, time breakdown and memory per device of a fixed set of reference
 runs (tensor, pipeline, sequence, context, expert and sharded data parallelism, interleaved and zero-bubble
 schedules, recomputation (and a host-bound step with a non-reentrant checkpoint), autocast with eager
-element-wise chains, fp8 and fp32, Hugging Face's eager attention and written-out GELU, an inference forward
-and a classification head, on A100s, H100s, a V100 and a T4). A change to the graph
+element-wise chains, torch.optim's foreach Adam with gradients freed each step, fp8 and fp32, Hugging Face's
+eager attention and written-out GELU, an inference forward and a classification head, on A100s, H100s, a V100
+and a T4). A change to the graph
 builder, the simulator, the cost model or the catalog that moves any of them changes it; one that moves none
 of them (a device, dispatcher or schedule they do not use) does not: the set covers the common paths, not
 every path.
@@ -38,6 +39,9 @@ REFERENCE_RUNS: tuple[dict, ...] = (
     {"id": "fsdp-autocast-eager", "model": "llama-3-8b", "hardware": {"cluster": "dgx-h100", "num_devices": 16},
      "strategy": {"fsdp": True, "micro_batch_size": 1, "global_batch_size": 16, "precision": "bf16",
                   "mixed_precision": "autocast", "fused_elementwise": False}},
+    {"id": "torch-optim-loop", "model": "gpt2-medium", "hardware": {"device": "H100-SXM5-80GB", "num_devices": 1},
+     "strategy": {"micro_batch_size": 2, "global_batch_size": 2, "precision": "bf16", "mixed_precision": "autocast",
+                  "fused_elementwise": False, "optimizer_impl": "foreach", "persistent_grads": False}},
     {"id": "zero1-cp", "model": "llama-3-8b", "hardware": {"cluster": "dgx-h100", "num_devices": 16},
      "strategy": {"cp": 2, "tp": 2, "zero_stage": 1, "micro_batch_size": 1, "global_batch_size": 16,
                   "precision": "bf16"}},

@@ -22,14 +22,20 @@ A forward-only step (``forward_only``) keeps no gradients, no optimizer states a
 no activations for a backward: its working set is one layer's tensors of one
 micro-batch, bounded here by what that layer would save for a backward, and one
 fp32 copy of the logits.
+
+The peak is the larger of the forward/backward's and the optimizer step's. Gradients freed after
+each step (``persistent_grads`` false, torch's ``zero_grad(set_to_none=True)``) are not yet alive at a
+single micro-batch's forward/backward peak; torch.optim's foreach Adam (``optimizer_impl``) holds an
+fp32 copy of the parameters besides every state during its step, which is then the peak of a step
+whose activations are smaller than that.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..graph.execution import (ExecutionGraph, StageLoad, chunk_layout, stage_loads, state_sharding,
-                               state_bytes_per_param)
+from ..graph.execution import (ExecutionGraph, StageLoad, chunk_layout, sharded_params, stage_loads,
+                               state_bytes_per_param, state_sharding)
 from ..graph.transformer import runs_dropout
 from ..units import GiB
 
@@ -44,6 +50,8 @@ class MemoryBreakdown:
     activations: float
     temporary: float
     stage: int
+    #: when the peak falls: ``"forward_backward"`` or ``"optimizer_step"`` (its activations freed)
+    phase: str = "forward_backward"
 
     @property
     def total(self) -> float:
@@ -57,9 +65,19 @@ class MemoryBreakdown:
                 "temporary": self.temporary / GiB}
 
 
-def layer_activation_bytes(run) -> float:
-    """Bytes one transformer layer of ``run`` (a RunSpec) saves for backward, per micro-batch, on one rank."""
+#: Bytes the GPU's math libraries take from the caching allocator once per process: PyTorch's cuBLAS and cuBLASLt
+#: workspaces, 32 MiB each on Hopper (CUBLAS_WORKSPACE_CONFIG's default ':4096:8' on compute capability 9.0; 8 MiB
+#: and 128 KiB on earlier GPUs, where this over-counts by up to 48 MiB). The lent H100's and H200's steps whose
+#: peak is the optimizer step's exceed the model by 64.0-82.1 MiB (``python experiments/memory_accuracy.py``): this
+#: smallest residual, the rest their batches and position tables. CPUs have no such workspace.
+GPU_LIBRARY_WORKSPACE_BYTES = 64 * 2 ** 20
+
+
+def layer_activation_bytes(run, recompute: str | None = None) -> float:
+    """Bytes one transformer layer of ``run`` (a RunSpec) saves for backward, per micro-batch, on one rank
+    (``recompute``: in place of the run's, as ``"none"`` asks what a recomputed layer holds again)."""
     m, s = run.model, run.strategy
+    recompute = s.recompute if recompute is None else recompute
     b, seq = s.micro_batch_size, m.seq_length // s.cp
     h, t = m.hidden_size, s.tp
     e = 2 if s.precision in ("bf16", "fp16", "fp8") else 4
@@ -82,7 +100,7 @@ def layer_activation_bytes(run) -> float:
     if load != 1.0:
         # the busiest rank's experts hold their capacity (or largest dropless load) of token rows, not k per token
         f += (load - 1.0) * m.num_moe_layers * m.ffn_hidden_size * m.moe_top_k / m.num_layers
-    if s.recompute == "full":
+    if recompute == "full":
         return T * h * er / (t if sp else 1)
     # tensors replicated across TP ranks unless sequence parallel: norm inputs, QKV and FC1 inputs, masks
     replicated = T * h * er * 2 + T * h * eg * 2 + (2 * T * h if dropout else 0)
@@ -108,7 +126,7 @@ def layer_activation_bytes(run) -> float:
         k = m.moe_top_k
         routing = m.num_moe_layers / m.num_layers * (T * k * load * h * eg + T * k * h * e + T * m.num_experts * 4)
     scores = 0.0
-    if not s.flash_attention and s.recompute != "selective":
+    if not s.flash_attention and recompute != "selective":
         # softmax output (e), dropout mask (1 byte) and dropout output (e) per score (Korthikanti eq. 2); without
         # dropout the PV product reads the softmax output itself, saved once
         scores = (e + (e + 1 if dropout else 0)) * a * b * seq * seq * s.cp
@@ -121,7 +139,8 @@ def memory_microbatches(run) -> int:
     """Fewest micro-batches whose compiled schedules already reach ``run``'s peak memory.
 
     Peak memory depends on the micro-batch count only through the activations in flight on a
-    stage, which stop growing after the warm-up: ``p - 1`` forwards for 1F1B, at most
+    stage, which stop growing after the warm-up (and, with gradients freed each step, through whether there is
+    more than one, which the run's own count says): ``p - 1`` forwards for 1F1B, at most
     ``(p-1)·2 + (v-1)·p < 2·p·v`` chunk forwards for the interleaved schedule and ``v·p - 1`` for interleaved
     zero bubble (reached with ``2·p`` micro-batches, a multiple of ``p`` as interleaving needs), ``2p`` chunk
     forwards of ``p`` micro-batches for ZB-V (whose order is laid out on at least ``2p-1``), one without a pipeline;
@@ -199,7 +218,13 @@ def peak_memory_of(run, loads: list[StageLoad] | None = None) -> MemoryBreakdown
 
 
 def _peak(run, loads: list[StageLoad], in_flight: list[int]) -> MemoryBreakdown:
-    """The most loaded stage, given each stage's load and forward units in flight."""
+    """The most loaded stage, given each stage's load and forward units in flight.
+
+    A stage's peak is the larger of two moments: its forward and backward (states, the activations of the
+    micro-batches in flight, the loss's and ZeRO-3's temporaries; without ``persistent_grads`` the gradients only
+    once a backward has made them) and its optimizer step (states, every gradient and the optimizer's own
+    temporaries, the activations freed).
+    """
     m, s = run.model, run.strategy
     zero = s.effective_zero_stage
     pbytes = state_bytes_per_param(s)[0]
@@ -223,25 +248,57 @@ def _peak(run, loads: list[StageLoad], in_flight: list[int]) -> MemoryBreakdown:
             hit = seen[key] = shard_states(*key)
         return hit
 
-    # fp32 logits and their gradient of one micro-batch, last stage (no gradient in a forward-only step)
-    logits = (1 if s.forward_only else 2) * 4.0 * T * m.vocab_size / s.tp if m.lm_head else 0.0
+    # fp32 logits of one micro-batch and the loss's backward, last stage: Megatron's vocab-parallel cross entropy
+    # keeps the fp32 softmax and writes its gradient over it (taken as 2 logits' worth: not measured here); torch's
+    # F.cross_entropy (eager,
+    # ``fused_elementwise`` false) saves log_softmax's output, and its backward holds it, the gradient of the
+    # log-probabilities and the gradient of the logits at once (3); a forward-only step has no gradient (1)
+    copies = 1 if s.forward_only else 2 if s.fused_elementwise else 3
+    logits = copies * 4.0 * T * m.vocab_size / s.tp if m.lm_head else 0.0
+    # gradients alive at the forward/backward peak: kept in buffers, or made by an earlier micro-batch's backward
+    # before this one's forward (accumulation); with a pipeline they are counted (an upper bound: a 1F1B stage's
+    # peak recurs after its first backward unless it runs its micro-batches' forwards all before it)
+    grads_in_backward = s.persistent_grads or s.pp > 1 or run.num_microbatches > 1
 
     def live_layers(ld: StageLoad) -> float:
         # layers whose activations a micro-batch in flight holds: every layer of the chunk for a backward
         return 1.0 if s.forward_only else ld.layers
 
-    def temporary(ld: StageLoad) -> float:
-        # gathered full weights of the layers being computed and prefetched (two layers) under ZeRO-3
-        return (logits if ld.last else 0.0) + (2 * ld.layer_params * pbytes if zero >= 3 else 0.0)
+    # what every phase holds besides the states: the GPU math libraries' workspaces
+    workspace = 0.0 if run.hardware.device.is_cpu else float(GPU_LIBRARY_WORKSPACE_BYTES)
+    # full recomputation runs a layer's forward again inside its backward: that layer's activations are alive
+    recomputed = (layer_activation_bytes(run, "none") if s.recompute == "full" and not s.forward_only else 0.0)
 
-    best_total, best_index = -1.0, 0
+    def temporary(ld: StageLoad) -> float:
+        # the workspaces, a recomputed layer, the loss's tensors on the last stage and, under ZeRO-3, the gathered
+        # full weights of the layers being computed and prefetched (two layers)
+        return (workspace + recomputed + (logits if ld.last else 0.0)
+                + (2 * ld.layer_params * pbytes if zero >= 3 else 0.0))
+
+    def optimizer_temporary(ld: StageLoad) -> float:
+        # torch.optim's Adam makes sqrt of the second moment as new fp32 tensors (torch/optim/adam.py): foreach for
+        # every local parameter at once, the for-loop one parameter at a time (its sqrt and the quotient by the bias
+        # correction alive together; the largest tensor: the embedding or LM head where the stage holds one, else an
+        # FFN matrix); fused kernels and SGD update in place
+        if s.optimizer != "adam" or s.optimizer_impl == "fused":
+            return workspace
+        if s.optimizer_impl == "foreach":
+            return workspace + 4.0 * sharded_params(s, ld.dense_params, ld.expert_params, 1)
+        largest = max(m.vocab_size * m.hidden_size if ld.root_params else 0.0,
+                      m.hidden_size * max(m.ffn_hidden_size, m.dense_ffn_hidden_size))
+        return workspace + 2 * 4.0 * largest / s.tp
+
+    def phases(index: int, ld: StageLoad) -> tuple[tuple[str, tuple[float, float, float, float, float]], ...]:
+        weights, grads, optim = states(ld)
+        act = (per_layer + cast_copy * ld.layer_params) * live_layers(ld) * in_flight[index]
+        backward = (weights, grads if grads_in_backward else 0.0, optim, act, temporary(ld))
+        step = (weights, grads, optim, 0.0, optimizer_temporary(ld))
+        return ("forward_backward", backward), ("optimizer_step", step)
+
+    best: tuple[float, float, float, float, float] | None = None
+    best_index, best_phase = 0, "forward_backward"
     for index, ld in enumerate(loads):
-        total = (sum(states(ld))
-                 + (per_layer + cast_copy * ld.layer_params) * live_layers(ld) * in_flight[index] + temporary(ld))
-        if total > best_total:
-            best_total, best_index = total, index
-    ld = loads[best_index]
-    best = MemoryBreakdown(*states(ld),
-                           (per_layer + cast_copy * ld.layer_params) * live_layers(ld) * in_flight[best_index],
-                           temporary(ld), best_index)
-    return best
+        for phase, parts in phases(index, ld):
+            if best is None or sum(parts) > sum(best):
+                best, best_index, best_phase = parts, index, phase
+    return MemoryBreakdown(*best, best_index, best_phase)

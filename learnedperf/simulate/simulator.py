@@ -81,6 +81,7 @@ class SimResult:
             "mfu": tflops / peak,
             "peak_memory_GiB": mem_gib,
             "memory_GiB": self.memory.to_GiB(),
+            "peak_memory_phase": self.memory.phase,
             "fits_in_memory": mem_gib <= run.hardware.device.memory_GiB,
             "breakdown_ms": {k: v * 1e3 for k, v in self.breakdown_s.items()},
             # the analytical simulator has no calibrated spread yet: the interval is the point itself

@@ -110,6 +110,11 @@ class DeviceSpec(Spec):
                                       f"unknown optimizer (known: {', '.join(CURVE_OPTIMIZERS)})")
         return self
 
+    @property
+    def is_cpu(self) -> bool:
+        """True for a CPU: the project names CPU descriptors ``cpu-<model>`` (``learnedperf measure``)."""
+        return self.name.lower().startswith("cpu")
+
     def curve(self, kernel: str, dtype: str) -> Optional[KernelCurve]:
         """The measured curve of ``kernel`` in ``dtype``, or None."""
         curves = self.kernel_curves

@@ -19,7 +19,8 @@ PIPELINE_SCHEDULES: tuple[str, ...] = get_args(PipelineSchedule)
 EXPERT_DISPATCH_DEFAULTS = MappingProxyType({"moe_dispatcher": "alltoall", "overlap_moe_comm": False})
 #: :meth:`Strategy.omitted_defaults`, built once (read at every ``to_dict``, run ids included).
 _OMITTED_DEFAULTS = MappingProxyType({**EXPERT_DISPATCH_DEFAULTS, "moe_grouped_gemm": True,
-                                      "fused_elementwise": True, "checkpoint_impl": "reentrant"})
+                                      "fused_elementwise": True, "checkpoint_impl": "reentrant",
+                                      "optimizer_impl": "fused", "persistent_grads": True})
 
 #: Largest parallel size or micro-batch accepted: no run has more devices (``hardware.MAX_DEVICES``), and
 #: a bound turns absurd input into an error naming the field instead of a prediction.
@@ -140,6 +141,21 @@ class Strategy(Spec):
         default="adam",
         description="optimizer step of the iteration; 'none' = forward and backward only, as single-GPU "
                     "profilers and NeuSight time a step (no optimizer states in memory either)")
+    optimizer_impl: Literal["fused", "foreach", "for_loop"] = Field(
+        default="fused",
+        description="how the optimizer step runs: 'fused' = one pass over each parameter's weight, gradient and "
+                    "states (Apex/Transformer Engine FusedAdam in Megatron, DeepSpeed's FusedAdam, "
+                    "torch.optim's fused=True); 'foreach' = torch.optim's default on GPUs, one multi-tensor kernel "
+                    "per tensor operation of the update over all parameters, each reading and writing its own "
+                    "tensors, with sqrt of Adam's second moment made as a new list, an fp32 copy of the "
+                    "parameters; 'for_loop' = torch.optim's default on CPUs, the same operations one parameter at "
+                    "a time (the temporaries are one parameter's)")
+    persistent_grads: bool = Field(
+        default=True,
+        description="gradients live in buffers kept across iterations (Megatron-Core's gradient buffer, "
+                    "DeepSpeed's gradient partitions); false: freed after each optimizer step and made again by "
+                    "the backward, as torch's zero_grad(set_to_none=True) does (its default since torch 2.0), so "
+                    "that a step of one micro-batch holds its activations and its gradients at different times")
     forward_only: bool = Field(
         default=False,
         description="forward passes only, as an inference or evaluation step runs them (Megatron's "
@@ -164,6 +180,9 @@ class Strategy(Spec):
         if self.forward_only and self.recompute != "none":
             raise FieldValueError("forward_only", f"recomputation re-runs forwards for a backward; a forward-only "
                                                   f"step has none (recompute is {self.recompute!r})")
+        if self.optimizer == "none" and self.optimizer_impl != "fused":
+            raise FieldValueError("optimizer_impl", f"optimizer_impl {self.optimizer_impl!r} says how an optimizer "
+                                                    "step runs; optimizer is 'none'")
         if self.checkpoint_impl != "reentrant" and self.recompute == "none":
             raise FieldValueError("checkpoint_impl", f"checkpoint_impl {self.checkpoint_impl!r} says how a "
                                                      "recomputation runs; recompute is 'none'")
@@ -191,9 +210,9 @@ class Strategy(Spec):
         return self
 
     def omitted_defaults(self) -> dict:
-        """The expert-dispatch keys at their defaults (:data:`EXPERT_DISPATCH_DEFAULTS`), ``moe_grouped_gemm``
-        and ``fused_elementwise`` at true, ``checkpoint_impl`` 'reentrant': runs written before these keys
-        existed keep their JSON and run id."""
+        """The expert-dispatch keys at their defaults (:data:`EXPERT_DISPATCH_DEFAULTS`), ``moe_grouped_gemm``,
+        ``fused_elementwise`` and ``persistent_grads`` at true, ``checkpoint_impl`` 'reentrant', ``optimizer_impl``
+        'fused': runs written before these keys existed keep their JSON and run id."""
         return _OMITTED_DEFAULTS
 
     @property

@@ -1,0 +1,198 @@
+"""torch.optim's implementations and gradients freed each step: what they cost the optimizer step and the peak.
+
+The closed forms follow torch's own code (torch/optim/adam.py): the foreach Adam makes ``sqrt`` of the second
+moment as a new list of fp32 tensors, one element per parameter, while every state and gradient is alive; the
+for-loop makes it one parameter at a time; a fused kernel makes nothing. ``zero_grad(set_to_none=True)`` frees the
+gradients, so that a step of one micro-batch holds them only from its backward on. The measured peaks of the lent
+GPUs' steps (``datasets/measured/lent-*``, measured by ``learnedperf measure``, which runs exactly that loop) are
+the check that these are the moments that matter.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import GPT_SMALL, LLAMA_GQA, load_experiment, make_run
+from learnedperf.errors import SpecError
+from learnedperf.graph.execution import compile_run, sharded_params
+from learnedperf.graph.transformer import optimizer_ops
+from learnedperf.measure.records import run_id
+from learnedperf.simulate.memory import (GPU_LIBRARY_WORKSPACE_BYTES, layer_activation_bytes, peak_memory,
+                                         peak_memory_of)
+from learnedperf.specs import RunSpec
+
+REPO = Path(__file__).resolve().parents[1]
+TORCH_LOOP = {"optimizer_impl": "foreach", "persistent_grads": False}
+
+
+def both(run):
+    """The compiled schedule's peak, checked against the closed form a planner uses."""
+    mem = peak_memory(compile_run(run))
+    assert mem == peak_memory_of(run)
+    return mem
+
+
+def test_a_foreach_adam_step_peaks_with_an_fp32_copy_of_the_parameters():
+    # fp32 weights, gradients, two moments and the sqrt list: 20 bytes a parameter, activations freed
+    run = make_run(GPT_SMALL, precision="fp32", **TORCH_LOOP)
+    mem = both(run)
+    psi = run.model.num_params()
+    assert mem.phase == "optimizer_step" and mem.activations == 0
+    assert mem.total == pytest.approx(20 * psi + GPU_LIBRARY_WORKSPACE_BYTES, rel=1e-12)
+    fused = both(make_run(GPT_SMALL, precision="fp32", persistent_grads=False))
+    assert fused.phase == "forward_backward"  # a fused step adds nothing: the backward holds more
+    assert fused.total < mem.total
+
+
+def test_a_sharded_foreach_step_copies_its_shard_only():
+    run = make_run(LLAMA_GQA, num_devices=8, zero_stage=1, **TORCH_LOOP)
+    mem = both(run)
+    local = sharded_params(run.strategy, run.model.num_params(), 0.0, 1)
+    assert mem.phase == "optimizer_step"
+    assert mem.temporary == pytest.approx(4 * local + GPU_LIBRARY_WORKSPACE_BYTES, rel=1e-12)
+
+
+def test_the_for_loop_holds_two_copies_of_its_largest_parameter():
+    # the sqrt of one parameter's second moment and its quotient by the bias correction, alive together: here the
+    # tied embedding (vocabulary x hidden), larger than any FFN matrix
+    run = make_run(GPT_SMALL, precision="fp32", optimizer_impl="for_loop", persistent_grads=False)
+    mem = both(run)
+    m = run.model
+    assert m.vocab_size * m.hidden_size > m.hidden_size * m.ffn_hidden_size
+    assert mem.phase == "optimizer_step"
+    assert mem.temporary == pytest.approx(2 * 4 * m.vocab_size * m.hidden_size + GPU_LIBRARY_WORKSPACE_BYTES,
+                                          rel=1e-12)
+    assert mem.total < both(make_run(GPT_SMALL, precision="fp32", **TORCH_LOOP)).total
+
+
+def test_freed_gradients_are_not_alive_in_a_single_micro_batch_backward():
+    big = dict(micro_batch_size=8, global_batch_size=8, precision="bf16")
+    kept, freed = both(make_run(LLAMA_GQA, **big)), both(make_run(LLAMA_GQA, persistent_grads=False, **big))
+    assert freed.phase == kept.phase == "forward_backward"
+    assert freed.gradients == 0 and kept.gradients > 0
+    assert kept.total - freed.total == pytest.approx(kept.gradients, rel=1e-12)
+    # accumulating over two micro-batches, the second runs with the first one's gradients made
+    two = both(make_run(LLAMA_GQA, persistent_grads=False, micro_batch_size=8, global_batch_size=16))
+    assert two.gradients == kept.gradients and two.total == pytest.approx(kept.total, rel=1e-12)
+
+
+def test_eager_cross_entropy_holds_three_logits_and_the_fused_one_two():
+    run, eager = make_run(LLAMA_GQA), make_run(LLAMA_GQA, fused_elementwise=False)
+    m = run.model
+    logits = 4.0 * run.strategy.micro_batch_size * m.seq_length * m.vocab_size
+    assert both(eager).temporary - both(run).temporary == pytest.approx(logits, rel=1e-12)
+
+
+def test_a_full_recompute_backward_holds_one_recomputed_layer():
+    run = make_run(LLAMA_GQA, recompute="full")
+    mem = both(run)
+    m = run.model
+    logits = 2 * 4.0 * run.strategy.micro_batch_size * m.seq_length * m.vocab_size
+    assert mem.temporary == pytest.approx(GPU_LIBRARY_WORKSPACE_BYTES + logits + layer_activation_bytes(run, "none"),
+                                          rel=1e-12)
+    assert layer_activation_bytes(run, "none") > layer_activation_bytes(run)
+
+
+def test_a_cpu_has_no_gpu_library_workspace():
+    cpu = {"name": "cpu-test", "vendor": "test", "peak_tflops": {"fp32": 1.0, "bf16": 1.0},
+           "memory_bandwidth_GBps": 20.0, "memory_GiB": 24.0}
+    gpu, host = make_run(GPT_SMALL, precision="fp32"), make_run(GPT_SMALL, precision="fp32", device=cpu)
+    assert both(gpu).total - both(host).total == pytest.approx(GPU_LIBRARY_WORKSPACE_BYTES, rel=1e-9)
+
+
+def test_torch_optim_adam_streams_72_bytes_a_parameter_the_fused_kernel_28():
+    # besides the gradient-norm pass (4 bytes) and, for bf16 weights, the low-precision copy (2)
+    for precision, copy in (("fp32", 0), ("bf16", 2)):
+        (fused,) = optimizer_ops(1e6, "adam", precision)
+        for impl in ("foreach", "for_loop"):
+            (torch_loop,) = optimizer_ops(1e6, "adam", precision, impl)
+            assert torch_loop.bytes == (72 + copy + 4) * 1e6 and fused.bytes == (28 + copy + 4) * 1e6
+            assert torch_loop.flops == fused.flops
+    assert optimizer_ops(1e6, "sgd", "fp32", "foreach")[0].bytes == optimizer_ops(1e6, "sgd", "fp32")[0].bytes
+
+
+def test_the_keys_are_checked_and_their_defaults_keep_run_ids():
+    with pytest.raises(SpecError, match="optimizer_impl"):
+        make_run(GPT_SMALL, optimizer="none", optimizer_impl="foreach")
+    with pytest.raises(SpecError, match="optimizer_impl"):
+        make_run(GPT_SMALL, optimizer_impl="apex")
+    plain = make_run(GPT_SMALL)
+    stated = plain.to_dict()
+    stated["strategy"].update(optimizer_impl="fused", persistent_grads=True)
+    assert run_id(RunSpec.from_dict(stated).to_dict()) == run_id(plain.to_dict())
+    loop = make_run(GPT_SMALL, **TORCH_LOOP)
+    assert RunSpec.from_dict(json.loads(json.dumps(loop.to_dict()))) == loop
+    assert run_id(loop.to_dict()) != run_id(plain.to_dict())
+
+
+def test_measure_says_how_its_optimizer_ran():
+    from learnedperf.measure.steps import StepConfig, run_dict
+
+    from test_measure_steps import HARDWARE, LLAMA
+
+    cpu = run_dict(StepConfig(LLAMA, 1, {}), HARDWARE)["strategy"]
+    cuda = run_dict(StepConfig(LLAMA, 1, {}, device="cuda"), HARDWARE)["strategy"]
+    assert (cpu["optimizer_impl"], cuda["optimizer_impl"]) == ("for_loop", "foreach")
+    assert cpu["persistent_grads"] is False is cuda["persistent_grads"]
+
+
+def test_the_amendment_follows_the_device_the_data_set_ran_on(tmp_path):
+    import shutil
+
+    amend = load_experiment("amend_records")
+    runs = [{"strategy": {"optimizer": "adam"}}, {"strategy": {"optimizer": "none"}},
+            {"strategy": {"optimizer": "adam", "optimizer_impl": "fused"}}]
+    for r in runs:
+        amend.optimizer_marker("foreach")(r)
+    assert [r["strategy"].get("optimizer_impl") for r in runs] == ["foreach", None, "fused"]
+    assert [r["strategy"].get("persistent_grads") for r in runs] == [False, None, None]
+    # the committed data sets carry it already: amending a copy again changes nothing
+    copy = tmp_path / "lent-h100"
+    shutil.copytree(REPO / "datasets" / "measured" / "lent-h100", copy)
+    assert amend.amend_optimizer(copy, "test") == 0
+
+
+def test_the_lent_gpus_peaks_are_the_models():
+    # measured: the caching allocator's peak of every step the lent H100 and H200 ran (81 steps); the model's
+    # workspace constant is the smallest residual of the steps that peak in the optimizer step
+    mod = load_experiment("memory_accuracy")
+    rows = [r for d in ("lent-h100", "lent-h200") for r in mod.steps_of(REPO / "datasets" / "measured" / d)]
+    assert len(rows) == 81
+    step = [r for r in rows if r["phase"] == "optimizer_step"]
+    assert len(step) >= 40
+    assert all(abs(r["pred"] / r["meas"] - 1) < 0.04 for r in step)
+    assert min(r["meas"] - r["pred"] for r in step) == pytest.approx(0.0, abs=2 ** 20)
+    assert sum(abs(r["pred"] / r["meas"] - 1) for r in rows) / len(rows) < 0.03
+
+
+def test_the_cli_flags_reach_the_run_and_a_contradiction_is_one_line(capsys):
+    from learnedperf.cli import main
+
+    base = ["simulate", "--model", "gpt2-small", "--device", "H100-SXM5-80GB", "--num-devices", "1",
+            "--precision", "fp32", "--seq-length", "128", "--format", "json"]
+    assert main(base + ["--optimizer-impl", "foreach", "--no-persistent-grads"]) == 0
+    loop = json.loads(capsys.readouterr().out)
+    assert main(base) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert loop["peak_memory_phase"] == "optimizer_step" != plain["peak_memory_phase"]
+    assert loop["breakdown_ms"]["optimizer"] > plain["breakdown_ms"]["optimizer"]
+    assert main(base + ["--optimizer", "none", "--optimizer-impl", "foreach"]) != 0
+    err = capsys.readouterr().err
+    assert "optimizer_impl" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_sampler_trains_its_eager_runs_in_torch_s_own_loop():
+    from learnedperf.data.sampler import sample_runs
+
+    runs = [run for _i, run in sample_runs(300, seed=5)]
+    eager = [r["strategy"] for r in runs if r["strategy"].get("fused_elementwise") is False]
+    assert eager
+    for s in eager:
+        if s.get("optimizer", "adam") == "none":
+            assert "optimizer_impl" not in s and "persistent_grads" not in s
+        else:
+            assert (s["optimizer_impl"], s["persistent_grads"]) == ("foreach", False)
+    assert not any("optimizer_impl" in r["strategy"] for r in runs if r["strategy"].get("fused_elementwise", True))
