@@ -48,7 +48,7 @@ def test_a_foreach_adam_step_peaks_with_an_fp32_copy_of_the_parameters():
 
 
 def test_a_sharded_foreach_step_copies_its_shard_only():
-    run = make_run(LLAMA_GQA, num_devices=8, zero_stage=1, **TORCH_LOOP)
+    run = make_run({**GPT_SMALL, "seq_length": 128}, num_devices=2, zero_stage=1, precision="fp32", **TORCH_LOOP)
     mem = both(run)
     local = sharded_params(run.strategy, run.model.num_params(), 0.0, 1)
     assert mem.phase == "optimizer_step"
@@ -77,6 +77,13 @@ def test_freed_gradients_are_not_alive_in_a_single_micro_batch_backward():
     # accumulating over two micro-batches, the second runs with the first one's gradients made
     two = both(make_run(LLAMA_GQA, persistent_grads=False, micro_batch_size=8, global_batch_size=16))
     assert two.gradients == kept.gradients and two.total == pytest.approx(kept.total, rel=1e-12)
+    # DDP's buckets hold a gradient-sized buffer across iterations; FSDP shards and frees its gradients
+    ddp = both(make_run(LLAMA_GQA, num_devices=2, persistent_grads=False, micro_batch_size=8, global_batch_size=16))
+    assert ddp.gradients == both(make_run(LLAMA_GQA, num_devices=2, micro_batch_size=8,
+                                          global_batch_size=16)).gradients > 0
+    fsdp = both(make_run(LLAMA_GQA, num_devices=2, fsdp=True, persistent_grads=False, micro_batch_size=8,
+                         global_batch_size=16))
+    assert fsdp.phase == "forward_backward" and fsdp.gradients == 0
 
 
 def test_eager_cross_entropy_holds_three_logits_and_the_fused_one_two():

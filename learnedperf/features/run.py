@@ -144,7 +144,7 @@ class RunContext:
         m, dev = model, hardware.device
         self.num_params = float(m.num_params())
         self.num_moe_layers = m.num_moe_layers
-        self.is_cpu = 1.0 if dev.name.lower().startswith("cpu") else 0.0
+        self.is_cpu = 1.0 if dev.is_cpu else 0.0
         self.static = [math.log(self.num_params), float(m.num_layers), math.log(m.hidden_size),
                        float(m.num_attention_heads), m.num_kv_heads / m.num_attention_heads,
                        m.ffn_hidden_size / m.hidden_size, math.log(m.seq_length), math.log(m.vocab_size),

@@ -257,8 +257,11 @@ def _peak(run, loads: list[StageLoad], in_flight: list[int]) -> MemoryBreakdown:
     logits = copies * 4.0 * T * m.vocab_size / s.tp if m.lm_head else 0.0
     # gradients alive at the forward/backward peak: kept in buffers, or made by an earlier micro-batch's backward
     # before this one's forward (accumulation); with a pipeline they are counted (an upper bound: a 1F1B stage's
-    # peak recurs after its first backward unless it runs its micro-batches' forwards all before it)
-    grads_in_backward = s.persistent_grads or s.pp > 1 or run.num_microbatches > 1
+    # peak recurs after its first backward unless it runs its micro-batches' forwards all before it); and under
+    # data parallelism without per-layer sharding the reduction's buckets are a gradient-sized buffer kept across
+    # iterations (torch DDP's; its gradient_as_bucket_view saves "the total gradients size", its documentation says)
+    grads_in_backward = (s.persistent_grads or s.pp > 1 or run.num_microbatches > 1
+                         or (s.dp * s.cp > 1 and not s.per_layer_sharding))
 
     def live_layers(ld: StageLoad) -> float:
         # layers whose activations a micro-batch in flight holds: every layer of the chunk for a backward
