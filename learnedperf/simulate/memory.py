@@ -291,17 +291,19 @@ def _peak(run, loads: list[StageLoad], in_flight: list[int]) -> MemoryBreakdown:
                       m.hidden_size * max(m.ffn_hidden_size, m.dense_ffn_hidden_size))
         return workspace + 2 * 4.0 * largest / s.tp
 
-    def phases(index: int, ld: StageLoad) -> tuple[tuple[str, tuple[float, float, float, float, float]], ...]:
+    # the optimizer step can only peak over the backward where it holds gradients the backward does not, or
+    # temporaries of its own (every other term of it the backward holds too): planners check thousands of runs
+    step_can_peak = not grads_in_backward or (s.optimizer == "adam" and s.optimizer_impl != "fused")
+    best: tuple[float, float, float, float, float] = (0.0, 0.0, 0.0, 0.0, 0.0)
+    best_total, best_index, best_phase = -1.0, 0, "forward_backward"
+    for index, ld in enumerate(loads):
         weights, grads, optim = states(ld)
         act = (per_layer + cast_copy * ld.layer_params) * live_layers(ld) * in_flight[index]
-        backward = (weights, grads if grads_in_backward else 0.0, optim, act, temporary(ld))
-        step = (weights, grads, optim, 0.0, optimizer_temporary(ld))
-        return ("forward_backward", backward), ("optimizer_step", step)
-
-    best: tuple[float, float, float, float, float] | None = None
-    best_index, best_phase = 0, "forward_backward"
-    for index, ld in enumerate(loads):
-        for phase, parts in phases(index, ld):
-            if best is None or sum(parts) > sum(best):
-                best, best_index, best_phase = parts, index, phase
+        candidates = [("forward_backward", (weights, grads if grads_in_backward else 0.0, optim, act, temporary(ld)))]
+        if step_can_peak:
+            candidates.append(("optimizer_step", (weights, grads, optim, 0.0, optimizer_temporary(ld))))
+        for phase, parts in candidates:
+            total = sum(parts)
+            if total > best_total:
+                best, best_total, best_index, best_phase = parts, total, index, phase
     return MemoryBreakdown(*best, best_index, best_phase)
