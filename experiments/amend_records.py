@@ -216,6 +216,8 @@ AMENDMENTS = {"autocast": amend_autocast, "busbw": amend_busbw, "fsdp": amend_fs
 
 def main(argv: list[str]) -> int:
     """Apply one amendment to every directory named on the command line."""
+    from learnedperf.errors import LearnedPerfError
+
     if any(a in ("-h", "--help") for a in argv):
         print(__doc__.strip())
         return 0
@@ -226,8 +228,6 @@ def main(argv: list[str]) -> int:
         if not Path(d).is_dir():
             print(f"{d}: not a data set directory", file=sys.stderr)
             return 2
-        from learnedperf.errors import LearnedPerfError
-
         try:
             n = AMENDMENTS[argv[0]](Path(d), f"python experiments/amend_records.py {argv[0]} {Path(d).as_posix()}")
         except LearnedPerfError as exc:
