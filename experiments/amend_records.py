@@ -41,7 +41,12 @@ Running one again changes nothing.
   collections ran on CUDA, ``"for_loop"`` on a CPU) and ``"persistent_grads": false`` to every step with an optimizer
   that states neither.
 
-Usage: ``python experiments/amend_records.py {autocast,busbw,fsdp,moe_loop,eager,checkpoint,optimizer} DATASET_DIR ...``
+* ``capability`` — the catalog's devices gained ``compute_capability`` (NVIDIA's CUDA compute capability, which
+  sizes PyTorch's cuBLAS workspaces); step records written before carry their device's data sheet without it.
+  Adds the catalog entry's value to every step whose device is named after a catalog entry that has one.
+
+Usage: ``python experiments/amend_records.py {autocast,busbw,fsdp,moe_loop,eager,checkpoint,optimizer,capability}
+DATASET_DIR ...``
 """
 
 from __future__ import annotations
@@ -210,8 +215,33 @@ def amend_optimizer(directory: Path, command: str) -> int:
                        "optimizer and recomputed run_id; measured values unchanged")
 
 
+def mark_capability(run: dict) -> None:
+    """Add the catalog entry's ``compute_capability`` to a step's inline device named after it that has none."""
+    from learnedperf.catalog import get_device
+    from learnedperf.errors import CatalogError
+
+    device = run.get("hardware", {}).get("device")
+    if not isinstance(device, dict) or "compute_capability" in device:
+        return
+    try:
+        capability = get_device(str(device.get("name", ""))).get("compute_capability")
+    except CatalogError:
+        return
+    if capability is not None:
+        device["compute_capability"] = capability
+
+
+def amend_capability(directory: Path, command: str) -> int:
+    """The ``capability`` amendment of ``directory`` (see the module docstring)."""
+    return amend_steps(directory, mark_capability, command,
+                       "the catalog's devices gained compute_capability (it sizes PyTorch's cuBLAS workspaces): added "
+                       "the catalog entry's value to each step's device and recomputed run_id; measured values "
+                       "unchanged")
+
+
 AMENDMENTS = {"autocast": amend_autocast, "busbw": amend_busbw, "fsdp": amend_fsdp, "moe_loop": amend_moe_loop,
-              "eager": amend_eager, "checkpoint": amend_checkpoint, "optimizer": amend_optimizer}
+              "eager": amend_eager, "checkpoint": amend_checkpoint, "optimizer": amend_optimizer,
+              "capability": amend_capability}
 
 
 def main(argv: list[str]) -> int:
@@ -222,7 +252,7 @@ def main(argv: list[str]) -> int:
         print(__doc__.strip())
         return 0
     if len(argv) < 2 or argv[0] not in AMENDMENTS:
-        print(__doc__.strip().splitlines()[-1], file=sys.stderr)
+        print(__doc__[__doc__.index("Usage:"):].strip(), file=sys.stderr)
         return 2
     for d in argv[1:]:
         if not Path(d).is_dir():

@@ -9,10 +9,10 @@ prints the MAPE and the mean log(predicted / measured), over all steps, over tho
 the smaller ones, and per phase of the predicted peak (the forward/backward or the optimizer step); with
 ``--per-run``, each step.
 
-The residual of the steps whose predicted peak is the optimizer step's, without the GPU libraries' workspace
-the model adds (:data:`learnedperf.simulate.memory.GPU_LIBRARY_WORKSPACE_BYTES`), is printed too: there every
+The residual of the steps whose predicted peak is the optimizer step's, without the GPU libraries' workspaces
+the model adds (:func:`learnedperf.simulate.memory.gpu_library_workspace_bytes`), is printed too: there every
 other term is a closed form of the parameter count, so what is left is the process's fixed allocations, and
-its smallest value is the constant. CPU steps are skipped: their peak is the process's resident memory (the
+its smallest value checks the workspaces. CPU steps are skipped: their peak is the process's resident memory (the
 interpreter and libraries included), which the model does not describe.
 
     python experiments/memory_accuracy.py [DATASET_DIR ...] [--per-run]
@@ -44,11 +44,12 @@ def _line(label: str, rows: list[dict]) -> str:
 
 
 def steps_of(directory: Path) -> list[dict]:
-    """One row per CUDA step of a data set: its label, measured and predicted peak (bytes) and the phase."""
+    """One row per CUDA step of a data set: its label, measured and predicted peak (bytes), the phase and the GPU
+    libraries' workspaces the prediction holds."""
     import pandas as pd
 
     from learnedperf.measure.records import verify_manifest
-    from learnedperf.simulate.memory import peak_memory_of
+    from learnedperf.simulate.memory import gpu_library_workspace_bytes, peak_memory_of
     from learnedperf.specs import RunSpec
 
     verify_manifest(directory)
@@ -63,14 +64,14 @@ def steps_of(directory: Path) -> list[dict]:
             label = (f"{rec['model_name']} mb {s.micro_batch_size}/{s.global_batch_size} {s.precision}"
                      + (f" recompute {s.recompute}" if s.recompute != "none" else ""))
             rows.append({"data": directory.name, "label": label, "meas": rec["peak_memory_MiB"] * MiB,
-                         "pred": mem.total, "phase": mem.phase})
+                         "pred": mem.total, "phase": mem.phase,
+                         "workspace": gpu_library_workspace_bytes(spec.hardware.device, s.forward_only)})
     return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     """Print the comparison; exit 2 when no data set has CUDA steps."""
     from learnedperf.errors import LearnedPerfError
-    from learnedperf.simulate.memory import GPU_LIBRARY_WORKSPACE_BYTES
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("datasets", nargs="*", type=Path)
@@ -101,12 +102,13 @@ def main(argv: list[str] | None = None) -> int:
         print(_line(f"peak at {phase.replace('_', ' ')}", [r for r in rows if r["phase"] == phase]))
     for d in sorted({r["data"] for r in rows}):
         print(_line(d, [r for r in rows if r["data"] == d]))
-    step = [(r["meas"] - (r["pred"] - GPU_LIBRARY_WORKSPACE_BYTES)) / MiB
-            for r in rows if r["phase"] == "optimizer_step"]
+    step = [r for r in rows if r["phase"] == "optimizer_step"]
     if step:
+        left = [(r["meas"] - (r["pred"] - r["workspace"])) / MiB for r in step]
+        spaces = sorted({round(r["workspace"] / MiB, 2) for r in step})
         print(f"steps whose peak is the optimizer step's: measured minus the model without the GPU libraries' "
-              f"workspace, min {min(step):.1f} / median {statistics.median(step):.1f} / max {max(step):.1f} MiB "
-              f"(n={len(step)}; the model's workspace: {GPU_LIBRARY_WORKSPACE_BYTES / MiB:.0f} MiB)")
+              f"workspaces, min {min(left):.1f} / median {statistics.median(left):.1f} / max {max(left):.1f} MiB "
+              f"(n={len(step)}; the model's workspaces: {', '.join(f'{w:g}' for w in spaces)} MiB)")
     return 0
 
 

@@ -7,7 +7,7 @@ import pytest
 from conftest import GPT_SMALL, LLAMA_GQA, KNOWN_PARAMS, MOE, make_run, roofline
 from learnedperf.graph.execution import compile_run
 from learnedperf.simulate import simulate
-from learnedperf.simulate.memory import (GPU_LIBRARY_WORKSPACE_BYTES, in_flight_microbatches, layer_activation_bytes,
+from learnedperf.simulate.memory import (gpu_library_workspace_bytes, in_flight_microbatches, layer_activation_bytes,
                                          memory_microbatches, peak_memory, peak_memory_of)
 from learnedperf.units import GiB
 
@@ -54,7 +54,8 @@ def test_forward_only_holds_weights_one_layer_and_the_logits(kw):
     logits = 4.0 * run.strategy.micro_batch_size * m.seq_length * m.vocab_size
     if kw.get("pp", 1) == 1:  # (with a pipeline the peak may be another stage's)
         assert mem.weights == training.weights
-        assert mem.temporary == pytest.approx(logits + GPU_LIBRARY_WORKSPACE_BYTES, rel=1e-12)
+        workspace = gpu_library_workspace_bytes(run.hardware.device, forward_only=True)
+        assert mem.temporary == pytest.approx(logits + workspace, rel=1e-12)
 
 
 def test_layernorm_model_counts_every_parameter():

@@ -20,12 +20,15 @@ from learnedperf.errors import SpecError
 from learnedperf.graph.execution import compile_run, sharded_params
 from learnedperf.graph.transformer import optimizer_ops
 from learnedperf.measure.records import run_id
-from learnedperf.simulate.memory import (GPU_LIBRARY_WORKSPACE_BYTES, layer_activation_bytes, peak_memory,
+from learnedperf.simulate.memory import (CUBLAS_WORKSPACE_BYTES, HOPPER_CUBLAS_WORKSPACE_BYTES,
+                                         gpu_library_workspace_bytes, layer_activation_bytes, peak_memory,
                                          peak_memory_of)
 from learnedperf.specs import RunSpec
 
 REPO = Path(__file__).resolve().parents[1]
 TORCH_LOOP = {"optimizer_impl": "foreach", "persistent_grads": False}
+#: the two cuBLAS workspaces of a training step on the tests' inline A100-like device (no compute capability given)
+WORKSPACES = 2 * CUBLAS_WORKSPACE_BYTES
 
 
 def both(run):
@@ -41,7 +44,7 @@ def test_a_foreach_adam_step_peaks_with_an_fp32_copy_of_the_parameters():
     mem = both(run)
     psi = run.model.num_params()
     assert mem.phase == "optimizer_step" and mem.activations == 0
-    assert mem.total == pytest.approx(20 * psi + GPU_LIBRARY_WORKSPACE_BYTES, rel=1e-12)
+    assert mem.total == pytest.approx(20 * psi + WORKSPACES, rel=1e-12)
     fused = both(make_run(GPT_SMALL, precision="fp32", persistent_grads=False))
     assert fused.phase == "forward_backward"  # a fused step adds nothing: the backward holds more
     assert fused.total < mem.total
@@ -52,7 +55,7 @@ def test_a_sharded_foreach_step_copies_its_shard_only():
     mem = both(run)
     local = sharded_params(run.strategy, run.model.num_params(), 0.0, 1)
     assert mem.phase == "optimizer_step"
-    assert mem.temporary == pytest.approx(4 * local + GPU_LIBRARY_WORKSPACE_BYTES, rel=1e-12)
+    assert mem.temporary == pytest.approx(4 * local + WORKSPACES, rel=1e-12)
 
 
 def test_the_for_loop_holds_two_copies_of_its_largest_parameter():
@@ -63,7 +66,7 @@ def test_the_for_loop_holds_two_copies_of_its_largest_parameter():
     m = run.model
     assert m.vocab_size * m.hidden_size > m.hidden_size * m.ffn_hidden_size
     assert mem.phase == "optimizer_step"
-    assert mem.temporary == pytest.approx(2 * 4 * m.vocab_size * m.hidden_size + GPU_LIBRARY_WORKSPACE_BYTES,
+    assert mem.temporary == pytest.approx(2 * 4 * m.vocab_size * m.hidden_size + WORKSPACES,
                                           rel=1e-12)
     assert mem.total < both(make_run(GPT_SMALL, precision="fp32", **TORCH_LOOP)).total
 
@@ -98,16 +101,25 @@ def test_a_full_recompute_backward_holds_one_recomputed_layer():
     mem = both(run)
     m = run.model
     logits = 2 * 4.0 * run.strategy.micro_batch_size * m.seq_length * m.vocab_size
-    assert mem.temporary == pytest.approx(GPU_LIBRARY_WORKSPACE_BYTES + logits + layer_activation_bytes(run, "none"),
+    assert mem.temporary == pytest.approx(WORKSPACES + logits + layer_activation_bytes(run, "none"),
                                           rel=1e-12)
     assert layer_activation_bytes(run, "none") > layer_activation_bytes(run)
 
 
-def test_a_cpu_has_no_gpu_library_workspace():
+def test_the_gpu_libraries_workspaces_follow_pytorch_s_rule():
+    # one cuBLAS workspace per handle, a handle per thread: a training step's forward and backward threads, an
+    # inference step's one; 32 MiB on compute capability 9.0, 8 MiB and 128 KiB elsewhere; none on a CPU
     cpu = {"name": "cpu-test", "vendor": "test", "peak_tflops": {"fp32": 1.0, "bf16": 1.0},
            "memory_bandwidth_GBps": 20.0, "memory_GiB": 24.0}
     gpu, host = make_run(GPT_SMALL, precision="fp32"), make_run(GPT_SMALL, precision="fp32", device=cpu)
-    assert both(gpu).total - both(host).total == pytest.approx(GPU_LIBRARY_WORKSPACE_BYTES, rel=1e-9)
+    assert both(gpu).total - both(host).total == pytest.approx(WORKSPACES, rel=1e-9)
+    h100, a100 = (RunSpec.from_dict({"model": "gpt2-small", "hardware": {"device": d, "num_devices": 1}})
+                  for d in ("H100-SXM5-80GB", "A100-SXM4-80GB"))
+    assert (h100.hardware.device.compute_capability, a100.hardware.device.compute_capability) == ("9.0", "8.0")
+    assert gpu_library_workspace_bytes(h100.hardware.device) == 2 * 32 * 2 ** 20 == 2 * HOPPER_CUBLAS_WORKSPACE_BYTES
+    assert gpu_library_workspace_bytes(a100.hardware.device) == 2 * (8 * 2 ** 20 + 128 * 2 ** 10)
+    assert gpu_library_workspace_bytes(a100.hardware.device, forward_only=True) == CUBLAS_WORKSPACE_BYTES
+    assert gpu_library_workspace_bytes(host.hardware.device) == 0
 
 
 def test_torch_optim_adam_streams_72_bytes_a_parameter_the_fused_kernel_28():
@@ -171,6 +183,7 @@ def test_the_lent_gpus_peaks_are_the_models():
     step = [r for r in rows if r["phase"] == "optimizer_step"]
     assert len(step) >= 40
     assert all(abs(r["pred"] / r["meas"] - 1) < 0.04 for r in step)
+    assert {r["workspace"] for r in step} == {2 * HOPPER_CUBLAS_WORKSPACE_BYTES}  # two Hopper workspaces, measured
     assert min(r["meas"] - r["pred"] for r in step) == pytest.approx(0.0, abs=2 ** 20)
     assert sum(abs(r["pred"] / r["meas"] - 1) for r in rows) / len(rows) < 0.03
 
@@ -203,3 +216,37 @@ def test_the_sampler_trains_its_eager_runs_in_torch_s_own_loop():
         else:
             assert (s["optimizer_impl"], s["persistent_grads"]) == ("foreach", False)
     assert not any("optimizer_impl" in r["strategy"] for r in runs if r["strategy"].get("fused_elementwise", True))
+
+
+def test_a_compute_capability_is_read_as_major_minor_and_checked():
+    dev = {"name": "gpu-x", "vendor": "test", "peak_tflops": {"fp32": 1.0, "bf16": 2.0},
+           "memory_bandwidth_GBps": 100.0, "memory_GiB": 16.0}
+    for given, read in ((9.0, "9.0"), ("8.6", "8.6"), (10, "10.0")):
+        run = RunSpec.from_dict({"model": "gpt2-small", "hardware": {"device": {**dev, "compute_capability": given},
+                                                                      "num_devices": 1}})
+        assert run.hardware.device.compute_capability == read
+    for bad in ("nine", 86, True):
+        with pytest.raises(SpecError, match="hardware.device.compute_capability"):
+            RunSpec.from_dict({"model": "gpt2-small", "hardware": {"device": {**dev, "compute_capability": bad},
+                                                                    "num_devices": 1}})
+    # the catalog's GPUs name theirs, with a source; AMD's have none
+    from learnedperf.catalog import get_device, names
+
+    for n in names("devices"):
+        d = get_device(n)
+        assert (d.get("compute_capability") is not None) == (d["vendor"] == "NVIDIA")
+        if d["vendor"] == "NVIDIA":
+            assert "compute_capability" in d["sources"]
+
+
+def test_the_capability_amendment_takes_the_catalog_s_value():
+    amend = load_experiment("amend_records")
+    named = {"hardware": {"device": {"name": "H100-SXM5-80GB"}}}
+    own = {"hardware": {"device": {"name": "gpu-x"}}}
+    stated = {"hardware": {"device": {"name": "A100-SXM4-80GB", "compute_capability": "8.0"}}}
+    by_name = {"hardware": {"device": "H100"}}
+    for r in (named, own, stated, by_name):
+        amend.mark_capability(r)
+    assert named["hardware"]["device"]["compute_capability"] == "9.0"
+    assert "compute_capability" not in own["hardware"]["device"]
+    assert stated["hardware"]["device"]["compute_capability"] == "8.0" and by_name["hardware"]["device"] == "H100"

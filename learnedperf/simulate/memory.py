@@ -65,12 +65,25 @@ class MemoryBreakdown:
                 "temporary": self.temporary / GiB}
 
 
-#: Bytes the GPU's math libraries take from the caching allocator once per process: PyTorch's cuBLAS and cuBLASLt
-#: workspaces, 32 MiB each on Hopper (CUBLAS_WORKSPACE_CONFIG's default ':4096:8' on compute capability 9.0; 8 MiB
-#: and 128 KiB on earlier GPUs, where this over-counts by up to 48 MiB). The lent H100's and H200's steps whose
-#: peak is the optimizer step's exceed the model by 64.0-82.1 MiB (``python experiments/memory_accuracy.py``): this
-#: smallest residual, the rest their batches and position tables. CPUs have no such workspace.
-GPU_LIBRARY_WORKSPACE_BYTES = 64 * 2 ** 20
+#: PyTorch's cuBLAS workspace per handle by default (aten/src/ATen/cuda/CublasHandlePool.cpp, parseChosenWorkspaceSize):
+#: CUBLAS_WORKSPACE_CONFIG ':4096:8', 32 MiB, on compute capability 9.0 (Hopper), ':4096:2:16:8', 8 MiB and 128 KiB, on
+#: every other GPU (the rule names 9.0 alone: Blackwell's 10.0 gets the general size, not measured here). cuBLASLt
+#: reuses it (TORCH_CUBLASLT_UNIFIED_WORKSPACE, the default of CUDA builds: torch.backends.cuda.blas_workspace_size).
+#: A GPU the catalog gives no capability (AMD's: hipBLASLt's own sizes) is given the general size, not measured here.
+HOPPER_CUBLAS_WORKSPACE_BYTES = 4096 * 8 * 1024
+CUBLAS_WORKSPACE_BYTES = 4096 * 1024 * 2 + 16 * 1024 * 8
+
+
+def gpu_library_workspace_bytes(device, forward_only: bool = False) -> float:
+    """Bytes a process's GPU math libraries take from the caching allocator: one cuBLAS workspace per handle, and
+    PyTorch keeps a handle per thread, so a training step has two, its forward's (the main thread) and its backward's
+    (autograd's device thread); a forward-only step one; a CPU none. The lent H100's and H200's steps whose peak is
+    the optimizer step's exceed the model without them by 64.0-82.1 MiB, 2 x 32 MiB at the least
+    (``python experiments/memory_accuracy.py``)."""
+    if device.is_cpu:
+        return 0.0
+    per_handle = HOPPER_CUBLAS_WORKSPACE_BYTES if device.compute_capability == "9.0" else CUBLAS_WORKSPACE_BYTES
+    return float(per_handle * (1 if forward_only else 2))
 
 
 def layer_activation_bytes(run, recompute: str | None = None) -> float:
@@ -268,7 +281,7 @@ def _peak(run, loads: list[StageLoad], in_flight: list[int]) -> MemoryBreakdown:
         return 1.0 if s.forward_only else ld.layers
 
     # what every phase holds besides the states: the GPU math libraries' workspaces
-    workspace = 0.0 if run.hardware.device.is_cpu else float(GPU_LIBRARY_WORKSPACE_BYTES)
+    workspace = gpu_library_workspace_bytes(run.hardware.device, s.forward_only)
     # full recomputation runs a layer's forward again inside its backward: that layer's activations are alive
     recomputed = (layer_activation_bytes(run, "none") if s.recompute == "full" and not s.forward_only else 0.0)
 

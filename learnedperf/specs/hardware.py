@@ -8,9 +8,10 @@ and latency of the links inside and across nodes.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Optional
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from ..errors import SpecError
 from ..units import PRECISIONS
@@ -81,6 +82,10 @@ class DeviceSpec(Spec):
     memory_bandwidth_GBps: float = Field(gt=0)
     memory_GiB: float = Field(gt=0)
     num_sms: int = Field(default=0, ge=0, description="SMs (NVIDIA) or compute units (AMD); 0 = unknown")
+    compute_capability: Optional[str] = Field(
+        default=None, pattern=r"^1?\d\.\d$",
+        description="NVIDIA's CUDA compute capability, major.minor ('9.0' for Hopper); None for other vendors or "
+                    "unknown")
     l2_cache_MiB: float = Field(default=0.0, ge=0)
     clock_MHz: float = Field(default=0.0, ge=0)
     intra_node_bandwidth_GBps: Optional[float] = Field(default=None, gt=0)
@@ -93,6 +98,14 @@ class DeviceSpec(Spec):
     kernel_curves: Optional[dict[str, dict[str, KernelCurve]]] = None
     optimizer_step: Optional[dict[str, OptimizerRate]] = None
     sources: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("compute_capability", mode="before")
+    @classmethod
+    def _capability_text(cls, value: Any) -> Any:
+        # 9.0 and "9.0" name the same capability: a number is read as major.minor
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            return f"{value:.1f}"
+        return value
 
     @model_validator(mode="after")
     def _check_curves(self) -> "DeviceSpec":
