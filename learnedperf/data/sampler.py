@@ -400,8 +400,9 @@ def _draw_strategy(rng: random.Random, spec_model: Any, device: dict, num_device
     if eager_differs and rng.random() < _EAGER_SHARE:
         s["fused_elementwise"] = False
         if s.get("optimizer", "adam") != "none":
-            # torch.optim picks foreach over GPU tensors and a for-loop over CPU ones; zero_grad(set_to_none=True)
-            s["optimizer_impl"] = "for_loop" if str(device.get("name", "")).lower().startswith("cpu") else "foreach"
+            # torch.optim's default over GPU tensors (the sampler draws catalog GPUs and copies of them);
+            # zero_grad(set_to_none=True)
+            s["optimizer_impl"] = "foreach"
             s["persistent_grads"] = False
     if s.get("recompute", "none") != "none" and rng.random() < _NON_REENTRANT_SHARE:
         s["checkpoint_impl"] = "non_reentrant"
