@@ -310,12 +310,18 @@ def device_class(name: str) -> str:
     return "cpu" if str(name).lower().startswith("cpu") else "accelerator"
 
 
-def interval_group(records: Any):
-    """Mondrian calibration group (:func:`device_class`) of each record's device type."""
-    import numpy as np
+def device_group(name: str) -> tuple[str, str]:
+    """Interval calibration groups of a device type, the most specific first: ``("device:<type>", class)``
+    (:func:`device_class`). A device with enough calibration runs is calibrated on its own: the errors of a
+    device's steps depend on its kernels and its host, and one class pools an A100's framework steps with a
+    Hopper's host-bound eager ones."""
+    return (f"device:{name}", device_class(name))
 
-    return np.asarray([device_class(n) for n in records["device_type"]], dtype=object)
+
+def interval_group(records: Any) -> list:
+    """Mondrian calibration groups (:func:`device_group`) of each record's device type."""
+    return [device_group(str(n)) for n in records["device_type"]]
 
 
-__all__ = ["BREAKDOWN_COLUMNS", "Runs", "check_simulator", "device_class", "interval_group", "learned_node_times_s",
-           "load_runs", "strategy_group", "with_cost_params"]
+__all__ = ["BREAKDOWN_COLUMNS", "Runs", "check_simulator", "device_class", "device_group", "interval_group",
+           "learned_node_times_s", "load_runs", "strategy_group", "with_cost_params"]

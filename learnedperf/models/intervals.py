@@ -11,7 +11,12 @@ exchangeability each tail holds at most ``(1 − coverage)/2`` of new runs.
 
 Calibration may be *Mondrian*: one pair of quantiles per group (e.g. device class,
 since CPU steps and GPU steps err differently), with the pooled quantiles for a group
-never seen or seen fewer than ``min_group_size`` times. The interval always contains
+never seen or seen fewer than ``min_group_size`` times. A run's group may be a *hierarchy*, a
+tuple of labels from the most specific on (its device type, then its device class): it gets the
+pair of the first label calibrated on ``min_group_size`` runs or more, so a device measured often
+enough is calibrated on its own runs (a GPU whose short, host-bound steps err more than the
+A100 steps that dominate its class gets its own, wider pair), and a device measured a few times
+borrows its class's. The interval always contains
 the point prediction (``q_lo <= 0 <= q_hi``): widening only adds coverage.
 
 Out of its training domain a model errs more than on the held-out runs of its own domain:
@@ -136,6 +141,15 @@ def conformal_log_bounds(residuals: Any, coverage: float) -> dict:
                 "n": int(sum(len(g) for g in groups)), "groups": len(groups)}
     return {"log_lower": min(conformal_quantile(residuals, lo_level), 0.0),
             "log_upper": max(conformal_quantile(residuals, hi_level), 0.0), "n": int(len(residuals))}
+
+
+def _labels(group: Any) -> tuple[str, ...]:
+    """The labels of one run's group, most specific first: a tuple of them, one label, or none (None)."""
+    if group is None:
+        return ()
+    if isinstance(group, (tuple, list)):
+        return tuple(str(g) for g in group)
+    return (str(group),)
 
 
 def _checked_pair(what: str, q: Any) -> dict:
@@ -295,7 +309,8 @@ class ConformalInterval:
 
         Args:
             pred_ms, true_ms: positive times of the same runs.
-            group: optional label per run (Mondrian calibration).
+            group: optional label per run (Mondrian calibration), or a tuple of labels from the most
+                specific on (a hierarchy: every level of it with ``min_group_size`` runs gets its pair).
             domain: the point model's :class:`TrainingDomain`; with it :meth:`interval_for_specs`
                 tells novel runs from in-domain ones. Refitting forgets earlier novelty quantiles.
         """
@@ -305,16 +320,17 @@ class ConformalInterval:
 
         p, t = _pair(pred_ms, true_ms)
         r = np.log(t / p)
-        g = np.full(len(r), POOLED, dtype=object) if group is None else np.asarray(group, dtype=object)
-        if len(g) != len(r):
-            raise InputError(f"group ({len(g)}) and predictions ({len(r)}) differ in length")
-        self.quantiles_: dict[str, dict] = {}
-        labels = [POOLED] + sorted({str(x) for x in g} - {POOLED})
-        for label in labels:
-            sel = r if label == POOLED else r[np.asarray([str(x) == label for x in g])]
-            if label != POOLED and len(sel) < self.min_group_size:
-                continue
-            self.quantiles_[label] = conformal_log_bounds(sel, self.coverage)
+        levels = [()] * len(r) if group is None else [_labels(x) for x in group]
+        if len(levels) != len(r):
+            raise InputError(f"group ({len(levels)}) and predictions ({len(r)}) differ in length")
+        self.quantiles_: dict[str, dict] = {POOLED: conformal_log_bounds(r, self.coverage)}
+        members: dict[str, list[int]] = {}
+        for i, labels in enumerate(levels):
+            for label in labels:
+                members.setdefault(label, []).append(i)
+        for label in sorted(set(members) - {POOLED}):
+            if len(members[label]) >= self.min_group_size:
+                self.quantiles_[label] = conformal_log_bounds(r[members[label]], self.coverage)
         self.n_calibration_ = int(len(r))
         self.domain_ = domain
         self.novelty_: dict[str, dict] = {}
@@ -356,13 +372,13 @@ class ConformalInterval:
         if not hasattr(self, "quantiles_"):
             raise InputError("ConformalInterval is not fitted: call fit() or from_dict() first")
 
-    def bounds(self, group: Optional[str] = None, novelty: Any = IN_DOMAIN) -> tuple[float, float]:
-        """``(log_lower, log_upper)`` of ``group`` (the pooled pair if the group has none); for an
+    def bounds(self, group: Any = None, novelty: Any = IN_DOMAIN) -> tuple[float, float]:
+        """``(log_lower, log_upper)`` of ``group`` (a label, or a tuple of labels from the most specific on:
+        the first that has a pair; the pooled pair if none has); for an
         out-of-domain ``novelty`` class — or several, a tuple of classes — widened to each class's pair
         where it has one (never narrowed): a run new in two respects gets the wider side of both."""
         self._check_fitted()
-        q = self.quantiles_.get(str(group)) if group is not None else None
-        q = q or self.quantiles_[POOLED]
+        q = next((self.quantiles_[g] for g in _labels(group) if g in self.quantiles_), self.quantiles_[POOLED])
         lo, hi = q["log_lower"], q["log_upper"]
         for cls in (novelty,) if isinstance(novelty, str) else tuple(novelty):
             if cls != IN_DOMAIN and cls not in NOVELTY_CLASSES:
@@ -381,8 +397,8 @@ class ConformalInterval:
         if group is None and novelty is None:  # one pair for all (a scalar prediction too)
             lo, hi = self.bounds(None)
             return p * math.exp(lo), p * math.exp(hi)
-        g = np.full(len(p), None, dtype=object) if group is None else np.asarray(group, dtype=object)
-        # a list, not an array: equal-length tuples of classes would become a 2-D array
+        # lists, not arrays: equal-length tuples of labels or classes would become a 2-D array
+        g = [None] * len(p) if group is None else list(group)
         v = [IN_DOMAIN] * len(p) if novelty is None else list(novelty)
         for name, arr in (("group", g), ("novelty", v)):
             if len(arr) != len(p):
@@ -411,11 +427,11 @@ class ConformalInterval:
         the device-class group and, with a fitted domain, the novelty classes of each run come from the run
         (``classes``: :meth:`novelty_classes` of ``specs``, if the caller has them)."""
         from ..data.records import domain_columns
-        from .dataset import device_class
+        from .dataset import device_group
 
         specs = list(specs)
         # the device type, as the records' interval_group reads it (a synthetic device: its base)
-        groups = [device_class(domain_columns(s)["device_type"]) for s in specs]
+        groups = [device_group(domain_columns(s)["device_type"]) for s in specs]
         # every class that applies widens: a run new in device and strategy gets the wider side of each
         return self.interval(pred_ms, groups, self.novelty_classes(specs) if classes is None else classes)
 

@@ -244,6 +244,10 @@ class IterationModel:
         pred = oof if oof is not None else self.predict_point(sub)
         self.interval_.fit(pred, sub.records["iteration_time_ms"].to_numpy(dtype=float),
                            interval_group(sub.records), domain=domain)
+        # what the interval was calibrated on, for a study of its groups (experiments/interval_groups.py); in
+        # memory only: a checkpoint keeps the quantiles
+        self.calibration_records_ = sub.records
+        self.calibration_pred_ms_ = np.asarray(pred, dtype=float)
         return self
 
     def predict_point(self, runs: Runs):
@@ -263,7 +267,7 @@ class IterationModel:
         widened where :meth:`~learnedperf.models.intervals.ConformalInterval.fit_novelty` was called)."""
         self._check("interval_")
         p = self.predict_point(runs)
-        # the same device-class groups as interval_group(runs.records), read from the specs as a Predictor does
+        # the same device groups as interval_group(runs.records), read from the specs as a Predictor does
         lo, hi = self.interval_.interval_for_specs(p, runs.specs)
         return p, lo, hi
 
