@@ -454,3 +454,27 @@ def test_rotary_steps_need_an_even_head_width():
     with pytest.raises(InputError, match=r"^model\.head_dim: rotary embeddings need an even head_dim, got 33"):
         plan_step(StepConfig({**LLAMA, "head_dim": 33}))
     assert plan_step(StepConfig({**LLAMA, "head_dim": 32})).model["head_dim"] == 32
+
+
+def test_sgd_steps_keep_no_momentum(monkeypatch):
+    """The run format's 'sgd' keeps no optimizer state (no bytes per parameter beside the weights), so the
+    harness's SGD must not either: a momentum buffer is 4 bytes a parameter the record would not say."""
+    import torch
+
+    made = []
+    real = torch.optim.SGD
+
+    class Recording(real):
+        def __init__(self, params, **kwargs):
+            made.append(kwargs)
+            super().__init__(params, **kwargs)
+
+    monkeypatch.setattr(torch.optim, "SGD", Recording)
+    losses = train_losses(StepConfig(GPT, 1, {**SGD, "global_batch_size": 2}, learning_rate=LR), 2)
+    assert losses[0] != losses[1]
+    assert made and all(kw.get("momentum", 0.0) == 0.0 for kw in made)
+    from learnedperf.graph.execution import optimizer_bytes_per_param
+
+    spec = RunSpec.from_dict({"model": "gpt3-125m", "hardware": {"cluster": "dgx-a100", "num_devices": 1},
+                              "strategy": {"optimizer": "sgd", "precision": "fp32"}})
+    assert optimizer_bytes_per_param(spec.strategy) == 0  # what the record says the step kept

@@ -727,9 +727,11 @@ def _build_step(plan: StepPlan, rank: int) -> tuple[Callable[[], Any], int]:
     def autocast():
         return torch.autocast(plan.device, dtype=torch.bfloat16, enabled=bf16)
 
+    # plain SGD, no momentum: the run format's 'sgd' keeps no optimizer state (state_bytes_per_param), and the
+    # operator grid times the same update; a momentum buffer would be 4 bytes a parameter the record does not say
     def make_optimizer(params):
         if s["optimizer"] == "sgd":
-            return torch.optim.SGD(params, lr=plan.learning_rate, momentum=0.9)
+            return torch.optim.SGD(params, lr=plan.learning_rate)
         return torch.optim.Adam(params, lr=plan.learning_rate)
 
     sharded = plan.sharded_dp
@@ -765,9 +767,8 @@ def _build_step(plan: StepPlan, rank: int) -> tuple[Callable[[], Any], int]:
             from torch.distributed.optim import ZeroRedundancyOptimizer
 
             opt_class = torch.optim.SGD if s["optimizer"] == "sgd" else torch.optim.Adam
-            extra = {"momentum": 0.9} if s["optimizer"] == "sgd" else {}
             optimizer = ZeroRedundancyOptimizer(net.parameters(), optimizer_class=opt_class, lr=plan.learning_rate,
-                                                process_group=groups["dp"], **extra)
+                                                process_group=groups["dp"])
         else:
             optimizer = make_optimizer(net.parameters())
     else:
