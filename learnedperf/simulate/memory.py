@@ -86,6 +86,35 @@ def gpu_library_workspace_bytes(device, forward_only: bool = False) -> float:
     return float(per_handle * (1 if forward_only else 2))
 
 
+def eager_attention_extra_bytes(run, tokens: int) -> float:
+    """Bytes an eager PyTorch attention block (``fused_elementwise`` false) saves beside Q, K, V and its output,
+    on all tensor-parallel ranks together (the caller divides by tp), for ``tokens`` tokens.
+
+    * Grouped-query attention in fp32 on a GPU: PyTorch's fused kernels take ``enable_gqa`` in FlashAttention
+      only, which needs fp16 / bf16, so k and v are repeated to every query head first (Hugging Face's
+      ``repeat_kv``, the step harness's ``gqa_needs_expanded_kv``) and the memory-efficient kernel saves the
+      repeated copies: ``(heads - kv_heads)`` more heads of each. The QKV GEMM's output is then no longer alive.
+    * Otherwise, rotary embeddings applied by tensor operations (the rotate-half form) make new Q and K while
+      V, a view of the QKV GEMM's output, is saved by the attention kernel and keeps that whole output alive:
+      its Q and K part once more (``torch.autograd.graph.saved_tensors_hooks`` on the harness's layer,
+      ``experiments/activation_memory.py``). A fused RoPE kernel does the same in Megatron-Core, but its count
+      there is not measured here, so fused runs keep the count they had.
+
+    Latent attention (``kv_lora_rank`` > 0) has no fused QKV GEMM and no measured eager layer here: nothing added.
+    """
+    m, s = run.model, run.strategy
+    if s.fused_elementwise or not s.flash_attention or m.kv_lora_rank:
+        return 0.0
+    e = 2 if s.precision in ("bf16", "fp16", "fp8") else 4
+    k_hd, v_hd = m.num_kv_heads * m.head_dim, m.num_kv_heads * m.v_head_dim
+    a = m.num_attention_heads
+    if m.num_kv_heads < a and e == 4 and not run.hardware.device.is_cpu:
+        return float(tokens * ((a * m.head_dim - k_hd) + (a * m.v_head_dim - v_hd)) * e)
+    if m.position_embedding == "rope":
+        return float(tokens * (m.attention_width + k_hd) * e)
+    return 0.0
+
+
 def layer_activation_bytes(run, recompute: str | None = None) -> float:
     """Bytes one transformer layer of ``run`` (a RunSpec) saves for backward, per micro-batch, on one rank
     (``recompute``: in place of the run's, as ``"none"`` asks what a recomputed layer holds again)."""
@@ -129,7 +158,8 @@ def layer_activation_bytes(run, recompute: str | None = None) -> float:
                + (T * f * e if m.activation == "swiglu" and not s.fused_elementwise else 0)
                # eager gelu_new (EAGER_GELU_NEW) keeps three more: tanh's output, 0.5·x and 1 + tanh (logged with
                # torch.autograd.graph.saved_tensors_hooks: four tensors of the input's size, the input included)
-               + (3 * T * f * e if m.activation == "gelu_new" and not s.fused_elementwise else 0))
+               + (3 * T * f * e if m.activation == "gelu_new" and not s.fused_elementwise else 0)
+               + eager_attention_extra_bytes(run, T))
     # a MoE layer keeps more than a dense one's FC1 input: the routed copies in expert order that its experts'
     # FC1 reads (every TP rank holds all of its experts' rows, so they are not split over tp; capacity pads
     # them), the experts' outputs the combine weights multiply (saved for the weights' gradient) and the
