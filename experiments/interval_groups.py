@@ -99,8 +99,18 @@ def main(argv=None) -> int:
     from learnedperf.models.dataset import device_class, device_group
 
     if args.load:
-        with open(args.load) as f:
-            saved = json.load(f)
+        try:
+            with open(args.load) as f:
+                saved = json.load(f)
+            missing = {"method", "coverage", "min_group_size", "pred_ms", "log_ratio", "fold", "device_type",
+                       "origin"} - set(saved)
+        except (OSError, json.JSONDecodeError, TypeError) as exc:
+            missing = None
+            print(f"interval_groups.py: cannot read {args.load}: {exc}", file=sys.stderr)
+        if missing is None or missing:
+            if missing:
+                print(f"interval_groups.py: {args.load} is not a --save file (no {sorted(missing)})", file=sys.stderr)
+            return 1
     elif args.data:
         saved = fit_residuals(args)
         if saved is None:
@@ -134,7 +144,7 @@ def main(argv=None) -> int:
         by = defaultdict(list)
         for i, v in enumerate(values):
             by[v].append(i)
-        for v in sorted(by, key=lambda k: (band_names.index(k) if k in band_names else 0, k)):
+        for v in sorted(by, key=lambda key: (band_names.index(key) if key in band_names else 0, key)):
             sel = np.zeros(len(r), dtype=bool)
             sel[by[v]] = True
             line(v, sel)

@@ -424,8 +424,8 @@ class ConformalInterval:
 
     def interval_for_specs(self, pred_ms: Any, specs: Any, classes: Optional[list] = None):
         """``(lower_ms, upper_ms)`` arrays for predictions ``pred_ms`` of the runs ``specs`` (RunSpecs):
-        the device-class group and, with a fitted domain, the novelty classes of each run come from the run
-        (``classes``: :meth:`novelty_classes` of ``specs``, if the caller has them)."""
+        the device group (its type, then its class) and, with a fitted domain, the novelty classes of each run
+        come from the run (``classes``: :meth:`novelty_classes` of ``specs``, if the caller has them)."""
         from ..data.records import domain_columns
         from .dataset import device_group
 
