@@ -384,6 +384,11 @@ def test_the_gpu_grid_is_one_process_runs_of_valid_specs():
     assert [c.model["name"] == "llama-3-8b-4-layers-like" for c in grid[:3]] == [True] * 3
     assert {c.strategy.get("precision") for c in grid[:3]} == {"bf16"}
     assert [c.model["name"] in GPU_GRID_MODELS for c in grid[3:]] == [True, False] * 21 + [False] * 4
+    # the GPU-sized models' micro-batch-4 steps in both precisions, and only they, profile one more iteration
+    profiled = sorted((c.model["name"], c.strategy["precision"]) for c in grid if c.profile)
+    assert profiled == sorted((n, p) for n in GPU_GRID_MODELS if n != "llama-3-8b-4-layers-like"
+                              for p in ("fp32", "bf16"))
+    assert all(c.strategy["micro_batch_size"] == 4 and "recompute" not in c.strategy for c in grid if c.profile)
     quick = step_grid(quick=True, device="cuda")
     assert [c.world_size for c in quick] == [1, 1]
     with pytest.raises(InputError, match="device: expected 'cpu' or 'cuda'"):

@@ -1330,13 +1330,14 @@ def gpu_step_grid(quick: bool = False) -> list[StepConfig]:
     ``quick=False``: the CPU grid's single-process transformers in fp32 and bf16 (small, launch-bound
     steps), its MoE model in bf16 (dropless) and the GPU-sized :data:`GPU_GRID_MODELS` at micro-batches 1-8
     in fp32 and bf16, with full recompute and with gradient accumulation, after the large layers of
-    ``_GPU_GRID_FIRST`` in bf16 at micro-batches 1 and 2 and with full recompute: 49 configs. ``quick=True``: two
+    ``_GPU_GRID_FIRST`` in bf16 at micro-batches 1 and 2 and with full recompute: 49 configs; the GPU-sized
+    models' micro-batch-4 steps in fp32 and bf16 (6) are profiled too (``per_op``). ``quick=True``: two
     small configs.
     """
-    def cfg(name: str, **strategy) -> StepConfig:
+    def cfg(name: str, profile: bool = False, **strategy) -> StepConfig:
         if name in GPU_GRID_MODELS:
             return StepConfig({"name": name, **GPU_GRID_MODELS[name]}, 1, strategy, warmup=2, repeats=5,
-                              device="cuda")
+                              device="cuda", profile=profile)
         return StepConfig(grid_model(name), 1, strategy, warmup=3, repeats=10, device="cuda")
 
     if quick:
@@ -1353,7 +1354,9 @@ def gpu_step_grid(quick: bool = False) -> list[StepConfig]:
             continue
         for p in ("fp32", "bf16"):
             for mbs in (1, 4):
-                sized.append(cfg(name, precision=p, micro_batch_size=mbs))
+                # micro-batch 4 also profiles one more iteration (the per_op column: each kernel's device time),
+                # so that a step's miss can be laid on its kernels (one iteration: a second or less each)
+                sized.append(cfg(name, profile=mbs == 4, precision=p, micro_batch_size=mbs))
         sized.append(cfg(name, precision="bf16", micro_batch_size=8))
         sized.append(cfg(name, precision="bf16", micro_batch_size=4, recompute="full"))
         sized.append(cfg(name, precision="bf16", micro_batch_size=2, global_batch_size=4))
