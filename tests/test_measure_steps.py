@@ -175,6 +175,24 @@ def test_single_process_profile_and_mlp():
     assert any("addmm" in op["name"] or "linear" in op["name"] for op in ops)
 
 
+def test_a_profiler_that_fails_costs_per_op_only(monkeypatch, capsys):
+    """One process: the timed iterations stand when the profiled one cannot run (no CUPTI in a VM, say); the
+    failure is said on stderr."""
+    import torch.profiler
+
+    from learnedperf.measure import steps as st
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("CUPTI_ERROR_NOT_INITIALIZED")
+
+    monkeypatch.setattr(torch.profiler, "profile", broken)
+    plan = st.plan_step(StepConfig(GPT, 1, {}, warmup=1, repeats=2, profile=True))
+    (rank,) = st._run_in_process(plan, None)
+    assert len(rank["times_s"]) == 2 and all(t > 0 for t in rank["times_s"]) and rank["per_op"] == []
+    err = capsys.readouterr().err
+    assert "profiling" in err and "CUPTI_ERROR_NOT_INITIALIZED" in err and "kept without per_op" in err
+
+
 def test_pipeline_schedules_are_valid():
     for kind in ("gpipe", "1f1b"):
         for pp in (2, 4):
