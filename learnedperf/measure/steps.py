@@ -727,7 +727,7 @@ def _build_step(plan: StepPlan, rank: int) -> tuple[Callable[[], Any], int]:
     def autocast():
         return torch.autocast(plan.device, dtype=torch.bfloat16, enabled=bf16)
 
-    # plain SGD, no momentum: the run format's 'sgd' keeps no optimizer state (state_bytes_per_param), and the
+    # plain SGD, no momentum: the run format's 'sgd' keeps no optimizer state (optimizer_bytes_per_param), and the
     # operator grid times the same update; a momentum buffer would be 4 bytes a parameter the record does not say
     def make_optimizer(params):
         if s["optimizer"] == "sgd":
