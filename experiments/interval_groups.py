@@ -9,8 +9,9 @@ measured runs it left out), then scores two Mondrian groupings of those out-of-f
 the other folds and covering each fold in turn (every run covered by quantiles it did not set):
 
 * **class**: one pair per device class (CPU / accelerator), the calibration before 2026-12-02;
-* **device, then class**: a device type with ``min_group_size`` calibration runs or more has its own pair,
-  the others their class's (:func:`learnedperf.models.dataset.device_group`): the shipped calibration.
+* **device, then class**: a device type with ``min_group_size`` calibration runs or more on one device (or on
+  several) has its own pair for such runs, the others their class's
+  (:func:`learnedperf.models.dataset.device_group`): the shipped calibration.
 
 It prints coverage and mean width ``upper / lower`` overall, per origin of the measured runs and per device type
 (a target of 0.90 in each, not only overall), and by predicted step time. Calibrated on K − 1 folds, a group
@@ -82,6 +83,7 @@ def fit_residuals(args: argparse.Namespace):
             "min_group_size": model.interval_.min_group_size, "pred_ms": pred.tolist(),
             "log_ratio": np.log(rec["iteration_time_ms"].to_numpy(dtype=float) / pred).tolist(),
             "fold": [int(x) for x in fold], "device_type": rec["device_type"].astype(str).tolist(),
+            "num_devices": [int(x) for x in rec["num_devices"]],
             "origin": rec["origin"].astype(str).tolist(), "run_id": rec["run_id"].astype(str).tolist()}
 
 
@@ -103,7 +105,7 @@ def main(argv=None) -> int:
             with open(args.load) as f:
                 saved = json.load(f)
             missing = {"method", "coverage", "min_group_size", "pred_ms", "log_ratio", "fold", "device_type",
-                       "origin"} - set(saved)
+                       "num_devices", "origin"} - set(saved)
         except (OSError, json.JSONDecodeError, TypeError) as exc:
             missing = None
             print(f"interval_groups.py: cannot read {args.load}: {exc}", file=sys.stderr)
@@ -123,7 +125,8 @@ def main(argv=None) -> int:
     pred, r, fold = (np.asarray(saved[k], dtype=float) for k in ("pred_ms", "log_ratio", "fold"))
     types, k = saved["device_type"], len(set(saved["fold"]))
     least = math.ceil(saved["min_group_size"] * (k - 1) / k)
-    schemes = {"class": [(device_class(t),) for t in types], "device, then class": [device_group(t) for t in types]}
+    schemes = {"class": [(device_class(t),) for t in types],
+               "device, then class": [device_group(t, n) for t, n in zip(types, saved["num_devices"])]}
     print(f"{saved['method']}: {len(r)} measured runs, out-of-fold residuals, {k} folds (target "
           f"{saved['coverage']:.2f}; a group needs {saved['min_group_size']} calibration runs, {least} of K - 1 folds)")
     bands = np.digitize(pred, [30.0, 100.0, 300.0])

@@ -149,16 +149,18 @@ def test_old_format_still_loads():
 
 
 def test_a_device_with_enough_runs_is_calibrated_on_its_own():
-    """Groups are (device type, device class): a device with min_group_size runs gets the split-conformal pair
-    of its own residuals, one with fewer its class's pair over all the class's runs, an unknown class the
-    pooled pair."""
+    """Groups are (device type on one device or several, device class): a device with min_group_size runs of
+    that kind gets the split-conformal pair of its own residuals, one with fewer its class's pair over all the
+    class's runs, an unknown class the pooled pair."""
     from learnedperf.models.dataset import device_group, interval_group
 
     rng = np.random.default_rng(3)
     r_a, r_h, r_v, r_cpu = (rng.normal(0, s, n) for s, n in ((0.05, 300), (0.3, 40), (0.2, 10), (0.1, 60)))
     types = ["A100-SXM4-80GB"] * 300 + ["H100-SXM5-80GB"] * 40 + ["V100-PCIE-32GB"] * 10 + ["cpu-x"] * 60
-    groups = interval_group(pd.DataFrame({"device_type": types}))
-    assert groups[0] == ("device:A100-SXM4-80GB", "accelerator") and groups[-1] == ("device:cpu-x", "cpu")
+    devices = [8] * 300 + [1] * 110  # the A100 runs on a node, the others on one device
+    groups = interval_group(pd.DataFrame({"device_type": types, "num_devices": devices}))
+    assert groups[0] == ("device:A100-SXM4-80GB:multi", "accelerator")
+    assert groups[-1] == ("device:cpu-x:single", "cpu")
     r = np.concatenate([r_a, r_h, r_v, r_cpu])
     ci = ConformalInterval(0.9, min_group_size=30).fit(np.full(len(r), 100.0), 100.0 * np.exp(r), groups)
 
@@ -166,22 +168,27 @@ def test_a_device_with_enough_runs_is_calibrated_on_its_own():
         q = conformal_log_bounds(x, 0.9)
         return q["log_lower"], q["log_upper"]
 
-    assert ci.bounds(device_group("H100-SXM5-80GB")) == pytest.approx(pair(r_h))
-    assert ci.bounds(device_group("A100-SXM4-80GB")) == pytest.approx(pair(r_a))
+    assert ci.bounds(device_group("H100-SXM5-80GB", 1)) == pytest.approx(pair(r_h))
+    assert ci.bounds(device_group("A100-SXM4-80GB", 64)) == pytest.approx(pair(r_a))
     # 10 V100 runs: too few of its own, so the class's 350
-    assert "device:V100-PCIE-32GB" not in ci.quantiles_
-    assert ci.bounds(device_group("V100-PCIE-32GB")) == pytest.approx(pair(np.concatenate([r_a, r_h, r_v])))
-    assert ci.bounds(device_group("L40S")) == ci.bounds("accelerator")
-    assert ci.bounds(("device:tpu-v5", "tpu")) == pytest.approx(pair(r))
+    assert "device:V100-PCIE-32GB:single" not in ci.quantiles_
+    assert ci.bounds(device_group("V100-PCIE-32GB", 1)) == pytest.approx(pair(np.concatenate([r_a, r_h, r_v])))
+    assert ci.bounds(device_group("L40S", 1)) == ci.bounds("accelerator")
+    assert ci.bounds(("device:tpu-v5:single", "tpu")) == pytest.approx(pair(r))
     # the Hopper's own pair is wider than the class's, which the A100 runs dominate
-    lo, hi = ci.bounds(device_group("H100-SXM5-80GB"))
+    lo, hi = ci.bounds(device_group("H100-SXM5-80GB", 1))
     c_lo, c_hi = ci.bounds("accelerator")
     assert hi - lo > 2 * (c_hi - c_lo)
+    # measured on one H100 only: a run on eight keeps the class's pair, and an A100 on one device too
+    assert ci.bounds(device_group("H100-SXM5-80GB", 8)) == ci.bounds("accelerator")
+    assert ci.bounds(device_group("A100-SXM4-80GB", 1)) == ci.bounds("accelerator")
     again = ConformalInterval.from_dict(json.loads(json.dumps(ci.to_dict())))
-    assert again.bounds(device_group("H100-SXM5-80GB")) == ci.bounds(device_group("H100-SXM5-80GB"))
-    # a spec reads its group the same way: an H100 cluster gets the H100's pair
-    lo_ms, hi_ms = again.interval_for_specs([100.0], [spec("llama-2-7b", "dgx-h100", 8)])
+    assert again.bounds(device_group("H100-SXM5-80GB", 1)) == ci.bounds(device_group("H100-SXM5-80GB", 1))
+    # a spec reads its group the same way: one H100 gets the H100's pair, eight the class's
+    lo_ms, hi_ms = again.interval_for_specs([100.0, 100.0], [spec("llama-2-7b", "dgx-h100", 1),
+                                                             spec("llama-2-7b", "dgx-h100", 8)])
     assert (lo_ms[0], hi_ms[0]) == pytest.approx((100 * math.exp(lo), 100 * math.exp(hi)))
+    assert (lo_ms[1], hi_ms[1]) == pytest.approx((100 * math.exp(c_lo), 100 * math.exp(c_hi)))
 
 
 def _with(key: str, value) -> dict:

@@ -310,17 +310,19 @@ def device_class(name: str) -> str:
     return "cpu" if str(name).lower().startswith("cpu") else "accelerator"
 
 
-def device_group(name: str) -> tuple[str, str]:
-    """Interval calibration groups of a device type, the most specific first: ``("device:<type>", class)``
-    (:func:`device_class`). A device with enough calibration runs is calibrated on its own: the errors of a
-    device's steps depend on its kernels and its host, and one class pools an A100's framework steps with a
-    Hopper's host-bound eager ones."""
-    return (f"device:{name}", device_class(name))
+def device_group(name: str, num_devices: int) -> tuple[str, str]:
+    """Interval calibration groups of a run on ``num_devices`` devices of type ``name``, the most specific first:
+    ``("device:<type>:single" or "device:<type>:multi", class)`` (:func:`device_class`). A device with enough
+    calibration runs is calibrated on its own: the errors of a device's steps depend on its kernels and its host,
+    and one class pools an A100's framework steps with a Hopper's host-bound eager ones. Its pair describes runs
+    of the kind it was calibrated on, so one device and several are told apart: a multi-GPU run on a GPU measured
+    in single-GPU steps only keeps its class's pair (no collective was in those errors)."""
+    return (f"device:{name}:{'single' if int(num_devices) == 1 else 'multi'}", device_class(name))
 
 
 def interval_group(records: Any) -> list:
-    """Mondrian calibration groups (:func:`device_group`) of each record's device type."""
-    return [device_group(str(n)) for n in records["device_type"]]
+    """Mondrian calibration groups (:func:`device_group`) of each record's device type and device count."""
+    return [device_group(str(n), int(k)) for n, k in zip(records["device_type"], records["num_devices"])]
 
 
 __all__ = ["BREAKDOWN_COLUMNS", "Runs", "check_simulator", "device_class", "device_group", "interval_group",

@@ -12,11 +12,11 @@ exchangeability each tail holds at most ``(1 − coverage)/2`` of new runs.
 Calibration may be *Mondrian*: one pair of quantiles per group (e.g. device class,
 since CPU steps and GPU steps err differently), with the pooled quantiles for a group
 never seen or seen fewer than ``min_group_size`` times. A run's group may be a *hierarchy*, a
-tuple of labels from the most specific on (its device type, then its device class): it gets the
-pair of the first label calibrated on ``min_group_size`` runs or more, so a device measured often
-enough is calibrated on its own runs (a GPU whose short, host-bound steps err more than the
-A100 steps that dominate its class gets its own, wider pair), and a device measured a few times
-borrows its class's. The interval always contains
+tuple of labels from the most specific on (its device type on one device or several, then its device
+class): it gets the pair of the first label calibrated on ``min_group_size`` runs or more, so a device
+measured often enough is calibrated on its own runs (a GPU whose short, host-bound steps err more than
+the A100 steps that dominate its class gets its own, wider pair), and a device measured a few times, or
+never with as many devices, borrows its class's. The interval always contains
 the point prediction (``q_lo <= 0 <= q_hi``): widening only adds coverage.
 
 Out of its training domain a model errs more than on the held-out runs of its own domain:
@@ -424,14 +424,15 @@ class ConformalInterval:
 
     def interval_for_specs(self, pred_ms: Any, specs: Any, classes: Optional[list] = None):
         """``(lower_ms, upper_ms)`` arrays for predictions ``pred_ms`` of the runs ``specs`` (RunSpecs):
-        the device group (its type, then its class) and, with a fitted domain, the novelty classes of each run
-        come from the run (``classes``: :meth:`novelty_classes` of ``specs``, if the caller has them)."""
+        the device group (its type and device count, then its class) and, with a fitted domain, the novelty
+        classes of each run come from the run (``classes``: :meth:`novelty_classes` of ``specs``, if the caller has
+        them)."""
         from ..data.records import domain_columns
         from .dataset import device_group
 
         specs = list(specs)
         # the device type, as the records' interval_group reads it (a synthetic device: its base)
-        groups = [device_group(domain_columns(s)["device_type"]) for s in specs]
+        groups = [device_group(d["device_type"], d["num_devices"]) for d in map(domain_columns, specs)]
         # every class that applies widens: a run new in device and strategy gets the wider side of each
         return self.interval(pred_ms, groups, self.novelty_classes(specs) if classes is None else classes)
 
