@@ -86,6 +86,12 @@ def gpu_library_workspace_bytes(device, forward_only: bool = False) -> float:
     return float(per_handle * (1 if forward_only else 2))
 
 
+def activation_element_bytes(strategy) -> int:
+    """Bytes of one activation element of a run's layers: 2 in bf16, fp16 and fp8 (whose activations stay bf16), 4 in
+    fp32 and tf32."""
+    return 2 if strategy.precision in ("bf16", "fp16", "fp8") else 4
+
+
 def eager_attention_extra_bytes(run, tokens: int) -> float:
     """Bytes an eager PyTorch attention block (``fused_elementwise`` false) saves beside Q, K, V and its output,
     on all tensor-parallel ranks together (the caller divides by tp), for ``tokens`` tokens.
@@ -105,7 +111,7 @@ def eager_attention_extra_bytes(run, tokens: int) -> float:
     m, s = run.model, run.strategy
     if s.fused_elementwise or not s.flash_attention or m.kv_lora_rank:
         return 0.0
-    e = 2 if s.precision in ("bf16", "fp16", "fp8") else 4
+    e = activation_element_bytes(s)
     k_hd, v_hd = m.num_kv_heads * m.head_dim, m.num_kv_heads * m.v_head_dim
     a = m.num_attention_heads
     if m.num_kv_heads < a and e == 4 and not run.hardware.device.is_cpu:
@@ -122,7 +128,7 @@ def layer_activation_bytes(run, recompute: str | None = None) -> float:
     recompute = s.recompute if recompute is None else recompute
     b, seq = s.micro_batch_size, m.seq_length // s.cp
     h, t = m.hidden_size, s.tp
-    e = 2 if s.precision in ("bf16", "fp16", "fp8") else 4
+    e = activation_element_bytes(s)
     er = 4 if s.autocast else e  # norm inputs and the layer input: the fp32 residual stream under autocast
     # the inputs of fp8 GEMMs are saved as Transformer Engine casts them, 1 byte an element (Linear keeps its
     # fp8 input, LayerNormLinear/LayerNormMLP their fp8 norm output and FC2 input for the weight gradients);
