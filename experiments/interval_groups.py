@@ -32,20 +32,6 @@ from collections import defaultdict
 import numpy as np
 
 
-def parse_gnn(items: list[str]) -> dict:
-    """``KEY=VALUE`` pairs, values read as JSON where they parse (numbers, booleans)."""
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"interval_groups.py: --gnn expects KEY=VALUE, got {item!r}")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
-
-
 def cross_calibrated(r, fold, groups, coverage: float, min_group_size: int):
     """``(covered, width)`` per run: each fold covered by the quantiles of the other folds' residuals."""
     from learnedperf.models.intervals import ConformalInterval
@@ -66,12 +52,13 @@ def fit_residuals(args: argparse.Namespace):
     """Fit ``args.method`` as ``learnedperf train --folds K`` does; its out-of-fold log ratios and what they need
     (JSON-compatible), or None after an error message."""
     from learnedperf.errors import LearnedPerfError
-    from learnedperf.models.iteration import fold_index
+    from learnedperf.models.iteration import check_gnn_params, fold_index, parse_gnn_params
     from learnedperf.models.pipeline import fit_model
 
     try:
-        model, _ = fit_model(args.data, args.method, gnn_params=parse_gnn(args.gnn), folds=args.folds,
-                             seed=args.seed)
+        gnn = parse_gnn_params(args.gnn)
+        check_gnn_params(gnn)  # before the data is read
+        model, _ = fit_model(args.data, args.method, gnn_params=gnn, folds=args.folds, seed=args.seed)
     except LearnedPerfError as exc:
         print(f"interval_groups.py: {exc}", file=sys.stderr)
         return None

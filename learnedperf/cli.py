@@ -913,19 +913,15 @@ def _folds(text: str) -> int:
 
 
 def _gnn_params(args: argparse.Namespace, prog: str) -> dict:
-    """``--gnn KEY=VALUE`` pairs as a dict (values parsed as JSON numbers/booleans when they are)."""
-    out: dict[str, Any] = {}
-    for item in args.gnn:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise UsageError(f"{prog}: error: --gnn expects KEY=VALUE, got {item!r}")
-        try:
-            out[key.strip()] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key.strip()] = value
+    """``--gnn KEY=VALUE`` pairs as a dict (:func:`~learnedperf.models.iteration.parse_gnn_params`)."""
+    from .models.iteration import check_gnn_params, parse_gnn_params
+
+    try:
+        out = parse_gnn_params(args.gnn)
+    except InputError as exc:
+        raise UsageError(f"{prog}: error: --gnn {exc}") from None
     if out:
         # before any data is loaded: a misspelt key or a bad value must not cost minutes first
-        from .models.iteration import check_gnn_params
 
         try:
             check_gnn_params(out)

@@ -47,6 +47,27 @@ GNN_METHODS = {"gnn_direct": "direct", "gnn_residual": "residual", "gnn_residual
 """GNN methods → the GNN's mode."""
 
 
+def parse_gnn_params(items: Any) -> dict:
+    """``KEY=VALUE`` strings (``--gnn`` flags) as GNN hyperparameters, each value read as JSON where it parses
+    (numbers, booleans) and kept as text otherwise; check them with :func:`check_gnn_params`.
+
+    Raises:
+        InputError: an item without ``=`` or without a key (the message: ``expects KEY=VALUE, got 'item'``).
+    """
+    import json
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = str(item).partition("=")
+        if not sep or not key.strip():
+            raise InputError(f"expects KEY=VALUE, got {item!r}")
+        try:
+            out[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key.strip()] = value
+    return out
+
+
 def check_gnn_params(gnn_params: dict) -> None:
     """Refuse, with one :class:`InputError` naming the parameter, GNN hyperparameters a GNN method cannot
     take: an unknown name, a value :class:`~learnedperf.models.gnn.GNNRegressor` refuses, or ``mode``
@@ -277,4 +298,4 @@ class IterationModel:
 
 
 __all__ = ["GNN_METHODS", "IterationModel", "METHODS", "calibration_mask", "check_gnn_params", "fold_index",
-           "ideal_time_ms", "needs_ops"]
+           "ideal_time_ms", "needs_ops", "parse_gnn_params"]
