@@ -240,6 +240,8 @@ def verify_files(directory: str | Path, files: dict, listed_in: str, what: str =
         f = directory / name
         if not f.is_file():
             raise InputError(f"{f}: {what} listed in {listed_in} is missing")
+        if not isinstance(info, dict):  # e.g. a bare hash written by hand: named, not a traceback
+            raise InputError(f"{f}: its entry in {listed_in} must be an object with a 'sha256', got {info!r}")
         if sha256_file(f) != info.get("sha256"):
             raise InputError(f"{f}: sha256 differs from {listed_in} ({what} changed or corrupted)")
 
