@@ -10,6 +10,7 @@ A checkpoint is a directory::
     gnn/gnn.json                  its hyperparameters and normalisation
     surrogate/*.txt               the fast tier's LightGBM models (time, breakdown shares)
     surrogate/surrogate.json      their sidecar: run feature schema, fidelity, sha256
+    shapes.json                   the shape memory of a ``+shapes`` method (median residual per layer-shape key)
 
 :func:`load_checkpoint` refuses, with one :class:`~learnedperf.errors.InputError` naming
 the file and the problem, a checkpoint that is missing a file, whose file's sha256
@@ -38,6 +39,7 @@ MANIFEST = "manifest.json"
 OP_DIR = "op_regressor"
 GNN_DIR = "gnn"
 SURROGATE_DIR = "surrogate"
+SHAPES_FILE = "shapes.json"
 
 
 def default_checkpoint_dir() -> Path:
@@ -108,6 +110,7 @@ def save_checkpoint(directory: str | Path, model: Any, training_data: dict, metr
     from .features.graph import graph_feature_schema_dict
     from .features.ops import OP_FEATURE_SCHEMA
     from .models.iteration import GNN_METHODS, needs_ops
+    from .models.shapes import SHAPES_SUFFIX
 
     import shutil
 
@@ -116,7 +119,8 @@ def save_checkpoint(directory: str | Path, model: Any, training_data: dict, metr
         raise InputError(f"{directory}: not empty and not a checkpoint; refusing to write into it")
     directory.mkdir(parents=True, exist_ok=True)
     # an older checkpoint's parts go first: a component the new method does not use must not stay listed
-    for old in (directory / MANIFEST, directory / OP_DIR, directory / GNN_DIR, directory / SURROGATE_DIR):
+    for old in (directory / MANIFEST, directory / OP_DIR, directory / GNN_DIR, directory / SURROGATE_DIR,
+                directory / SHAPES_FILE):
         if old.is_dir():
             shutil.rmtree(old)
         elif old.exists():
@@ -131,6 +135,10 @@ def save_checkpoint(directory: str | Path, model: Any, training_data: dict, metr
         components["gnn"] = GNN_DIR
         gnn_meta = load_json_file(directory / GNN_DIR / "gnn.json")
         normalisation = gnn_meta.get("normalisation")
+    if getattr(model, "shapes_", None) is not None and model.method.endswith(SHAPES_SUFFIX):
+        (directory / SHAPES_FILE).write_text(json.dumps(model.shapes_.to_dict(), indent=0, sort_keys=True) + "\n",
+                                             encoding="utf-8")
+        components["shapes"] = SHAPES_FILE
     manifest = {
         "format": FORMAT, "format_version": FORMAT_VERSION,
         "created": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
@@ -203,6 +211,7 @@ class Checkpoint:
         formula_mfu: the fitted MFU of the ``formula`` method, or None.
         surrogate: the fast tier's :class:`~learnedperf.models.surrogate.SurrogateRegressor`, or None.
         surrogate_bounds: ``(log_lower, log_upper)`` of log(full / surrogate) on held-out runs.
+        shapes: the :class:`~learnedperf.models.shapes.ShapeMemory` of a ``+shapes`` method, or None.
     """
 
     path: Path
@@ -214,6 +223,7 @@ class Checkpoint:
     formula_mfu: Optional[float] = None
     surrogate: Any = None
     surrogate_bounds: tuple[float, float] = (0.0, 0.0)
+    shapes: Any = None
 
     @property
     def source(self) -> str:
@@ -231,7 +241,7 @@ def load_checkpoint(path: str | Path | None = None) -> Checkpoint:
     """
     from .measure.records import verify_files
     from .models.intervals import ConformalInterval
-    from .models.iteration import METHODS
+    from .models.iteration import METHODS, base_method
 
     path = Path(path) if path is not None else default_checkpoint_dir()
     mpath = path / MANIFEST
@@ -257,7 +267,8 @@ def load_checkpoint(path: str | Path | None = None) -> Checkpoint:
     comps = manifest.get("components") or {}
     ckpt = Checkpoint(path, manifest, method, interval,
                       formula_mfu=(manifest.get("model") or {}).get("formula_mfu"))
-    if method == "formula" and not (isinstance(ckpt.formula_mfu, (int, float)) and ckpt.formula_mfu > 0):
+    mfu = ckpt.formula_mfu
+    if base_method(method) == "formula" and not (isinstance(mfu, (int, float)) and mfu > 0):
         raise InputError(f"{mpath}: method 'formula' needs a positive model.formula_mfu")
     if "op_regressor" in comps:
         from .models.gbdt import OpTimeRegressor
@@ -276,8 +287,17 @@ def load_checkpoint(path: str | Path | None = None) -> Checkpoint:
         if not (isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and lo <= 0.0 <= hi):
             raise InputError(f"{path / comps['surrogate']}: surrogate fidelity bounds missing or invalid")
         ckpt.surrogate_bounds = (float(lo), float(hi))
-    from .models.iteration import GNN_METHODS, needs_ops
+    if "shapes" in comps:
+        from .models.shapes import ShapeMemory
 
+        spath = path / comps["shapes"]
+        ckpt.shapes = ShapeMemory.from_dict(load_json_file(spath), where=str(spath))
+    from .models.iteration import GNN_METHODS, needs_ops
+    from .models.shapes import SHAPES_SUFFIX
+
+    if method.endswith(SHAPES_SUFFIX) != (ckpt.shapes is not None):
+        raise InputError(f"{mpath}: method {method!r} " + ("needs components.shapes" if ckpt.shapes is None
+                                                          else "has no shape memory, but components lists one"))
     if needs_ops(method) and ckpt.op_regressor is None:
         raise InputError(f"{mpath}: method {method!r} needs components.op_regressor")
     if method in GNN_METHODS and ckpt.gnn is None:

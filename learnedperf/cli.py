@@ -590,6 +590,8 @@ def _table(pred: dict, run: Any) -> str:
     for k in sorted(bd, key=lambda k: (order.index(k) if k in order else len(order), k)):
         rows.append((f"  {k.replace('_', ' ')}", _ms(bd[k])))
     rows.append(("source", str(pred["source"])))
+    if pred.get("shape_runs"):
+        rows.append(("shape memory", f"corrected by {pred['shape_runs']} measured run(s) of these layer shapes"))
     rows += [("note", str(n)) for n in pred.get("notes", [])]
     width = max(len(label) for label, _ in rows) + 2
     return "".join(f"{label:<{width}}{value}".rstrip() + "\n" for label, value in rows)

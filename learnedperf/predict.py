@@ -359,8 +359,14 @@ class Predictor:
         times = ck.surrogate.predict(X, analytic)
         shares = ck.surrogate.predict_shares(X)
         valid = [specs[i] for i in ok]
+        shape_runs = None
+        if ck.shapes is not None:
+            # the surrogate learnt the full tier before its shape memory (surrogate_labels): applied here as there
+            factors, shape_runs = ck.shapes.lookup(valid)
+            times = np.asarray(times, dtype=float) * np.exp(np.asarray(factors, dtype=float))
         novelty = ck.interval.novelty_classes(valid)
-        lo, hi = ck.interval.interval_for_specs(times, valid, novelty)
+        lo, hi = ck.interval.interval_for_specs(times, valid, novelty,
+                                                None if shape_runs is None else [n > 0 for n in shape_runs])
         lo, hi = lo * math.exp(ck.surrogate_bounds[0]), hi * math.exp(ck.surrogate_bounds[1])
         source = ck.source + ":fast"
         for j, i in enumerate(ok):
@@ -390,6 +396,8 @@ class Predictor:
                 "tier": "fast",
                 "simulator_version": SIMULATOR_VERSION,
             }
+            if shape_runs is not None:
+                pred["shape_runs"] = int(shape_runs[j])
             if shares is not None:
                 share = {p: float(shares[j, k]) for k, p in enumerate(BREAKDOWN_PARTS)}
                 # parts a strategy cannot have are zero, not the trees' small leftovers
@@ -409,8 +417,11 @@ class Predictor:
             out[i] = pred
         return out
 
-    def predict_with_result(self, run: Any, trace: bool = False) -> tuple[dict, Any]:
-        """``(prediction, SimResult)``: the prediction and the simulator result under it."""
+    def predict_with_result(self, run: Any, trace: bool = False, shapes: bool = True) -> tuple[dict, Any]:
+        """``(prediction, SimResult)``: the prediction and the simulator result under it.
+
+        ``shapes=False`` leaves out a ``+shapes`` checkpoint's shape memory (the point model alone, which the
+        surrogate learns: both tiers apply the memory after it)."""
         import math
 
         from .cost import RooflineCost
@@ -434,7 +445,9 @@ class Predictor:
         result = simulate(spec, cost=cost, trace=trace)
         pred = result.to_prediction(source=ck.source)
         base = pred["iteration_time_ms"]
-        if ck.method == "formula":
+        from .models.iteration import base_method
+
+        if base_method(ck.method) == "formula":
             from .models.iteration import ideal_time_ms
 
             t = float(ideal_time_ms([spec])[0]) / ck.formula_mfu
@@ -442,10 +455,15 @@ class Predictor:
             t = float(self._gnn_time_ms(spec, eg, base, pred["breakdown_ms"]))
         else:
             t = base
+        shape_runs = None
+        if ck.shapes is not None and shapes:
+            factor, runs = ck.shapes.lookup([spec])
+            t, shape_runs = t * math.exp(factor[0]), runs[0]
         if not (math.isfinite(t) and t > 0):
             raise InputError(f"checkpoint {ck.path.name}: the model produced an invalid time {t!r} for this run")
         novelty = ck.interval.novelty_classes([spec])
-        lo, hi = ck.interval.interval_for_specs([t], [spec], novelty)
+        lo, hi = ck.interval.interval_for_specs([t], [spec], novelty,
+                                                None if shape_runs is None else [shape_runs > 0])
         # the simulator's MFU at its own time says the model's at any other: MFU x time is the run's work
         t, lo_0, hi_0, bounded = _at_most_peak(t, pred["mfu"] * base / t, float(lo[0]), float(hi[0]))
         if bounded:
@@ -466,6 +484,9 @@ class Predictor:
             "method": ck.method,
             "tier": "full",
         })
+        if shape_runs is not None:
+            # how many measured runs of this layer shape the memory's factor rests on (0: none, no factor)
+            pred["shape_runs"] = int(shape_runs)
         return pred, result
 
     def _gnn_time_ms(self, spec: Any, eg: Any, base_ms: float, breakdown_ms: dict) -> float:
@@ -751,7 +772,7 @@ def surrogate_labels(predictor: Predictor, runs: Any) -> tuple[list, int]:
     for raw in runs:
         spec = RunSpec.from_dict(raw)
         try:
-            pred = predictor.predict_with_result(spec)[0]
+            pred = predictor.predict_with_result(spec, shapes=False)[0]
         except LearnedPerfError:
             failed += 1  # counted and reported: a run the full tier cannot answer teaches nothing
             continue

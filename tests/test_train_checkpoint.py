@@ -533,3 +533,118 @@ def test_a_device_split_with_no_measured_run_is_skipped_before_a_regressor_is_fi
     assert report["splits"]["unseen_device:Hopper"]["skipped"] == "no measured test run"
     assert "methods" in report["splits"]["unseen_scale"]
     assert fitted == [None] and OP_DEVICE_HOLDOUT["unseen_device:Hopper"] not in fitted
+
+
+# the columns that set one device's layer shapes in vTrain's runs (every other key field is one value there)
+VTRAIN_SHAPE = ["num_layers", "hidden_size", "num_attention_heads", "tp", "micro_batch_size"]
+
+
+def _vtrain_medians(records, rows) -> dict:
+    """Median log(measured / simulated) of vTrain's ``rows`` per layer shape, from the records' own columns."""
+    df = records[rows & (records["origin"] == "vtrain").to_numpy()]
+    r = np.log(df["iteration_time_ms"] / df["sim_iteration_time_ms"])
+    return r.groupby([df[c] for c in VTRAIN_SHAPE]).agg(["median", "size"]).to_dict("index")
+
+
+def test_the_simulators_shape_memory_is_each_layer_shapes_median_miss(data):
+    from learnedperf.models.dataset import load_runs
+    from learnedperf.models.iteration import IterationModel
+
+    runs = load_runs(data, limit_simulated=5, progress=False)
+    model = IterationModel("simulator+shapes").fit(runs)
+    rec = runs.records
+    expected = _vtrain_medians(rec, runs.measured)
+    p = model.predict_point(runs)
+    sim = runs.sim_ms
+    vt = (rec["origin"] == "vtrain").to_numpy()
+    for i in np.flatnonzero(vt)[::37]:
+        shape = tuple(rec[c].iat[i] for c in VTRAIN_SHAPE)
+        assert p[i] == pytest.approx(sim[i] * np.exp(expected[shape]["median"]), rel=1e-9)
+    # a simulated run on a device nobody measured is the simulator's answer
+    unmeasured = ~runs.measured & ~rec["device_type"].isin(set(rec.loc[runs.measured, "device_type"])).to_numpy()
+    assert unmeasured.any() and np.array_equal(p[unmeasured], sim[unmeasured])
+    # its interval is calibrated on each run corrected by its key's runs of other strategy groups only
+    assert model.interval_.n_calibration_ == runs.measured.sum()
+    with pytest.raises(InputError, match="has its shape memory already"):
+        model.with_shapes()
+
+
+def test_evaluation_of_shapes_uses_the_training_sides_runs_of_each_test_runs_shape(data, tmp_path):
+    report = tmp_path / "report.json"
+    assert main(["evaluate", "--data", str(data), "--methods", "simulator,simulator+shapes", "--splits",
+                 "unseen_strategy", "--out", str(report), "--no-progress"]) == 0
+    rep = json.loads(report.read_text())
+    df = load_records(data).reset_index(drop=True)
+    test = ((df.tp > 1) & (df.pp > 1)).to_numpy() | (df.virtual_pipeline_stages > 1).to_numpy()
+    measured = (df.source == "measured").to_numpy()
+    expected = _vtrain_medians(df, measured & ~test)
+    sim = {p["run_id"]: p["predicted_ms"] for p in rep["predictions"] if p["method"] == "simulator"}
+    rows = df.set_index("run_id")
+    hits = 0
+    for p in (p for p in rep["predictions"] if p["method"] == "simulator+shapes"):
+        if p["shape_runs"] == 0:
+            assert p["predicted_ms"] == sim[p["run_id"]]  # nothing measured of its shape: the simulator's answer
+            continue
+        r = rows.loc[p["run_id"]]
+        if r["origin"] == "vtrain":
+            e = expected[tuple(r[c] for c in VTRAIN_SHAPE)]
+            assert p["shape_runs"] == e["size"]
+            assert p["predicted_ms"] == pytest.approx(sim[p["run_id"]] * np.exp(e["median"]), rel=1e-9)
+            hits += 1
+    assert hits >= 300  # vTrain's tp x pp mixes: their layers ran under tp-only or pp-only strategies too
+
+
+def test_a_shapes_checkpoint_applies_its_memory_in_both_tiers_and_verifies_it(data, tmp_path, capsys):
+    import hashlib
+
+    from learnedperf.predict import Predictor
+
+    ck = tmp_path / "shapes"
+    assert main(["train", "--data", str(data), "--out", str(ck), "--method", "simulator+shapes", "--no-progress",
+                 "--surrogate-runs", "200", "--surrogate-near-runs", "50"]) == 0
+    capsys.readouterr()
+    df = load_records(data)
+    row = df[(df.origin == "vtrain") & (df.tp == 2) & (df.pp == 2)].iloc[0]
+    expected = _vtrain_medians(df.reset_index(drop=True), (df.source == "measured").to_numpy())
+    e = expected[tuple(row[c] for c in VTRAIN_SHAPE)]
+    pred = Predictor.load(ck)
+    full = pred.predict(json.loads(row["run"]), tier="full")
+    assert full["shape_runs"] == e["size"] and full["source"] == f"checkpoint:{ck.name}:simulator+shapes"
+    assert full["iteration_time_ms"] == pytest.approx(full["simulator_iteration_time_ms"] * np.exp(e["median"]),
+                                                      rel=1e-9)
+    fast = pred.predict(json.loads(row["run"]), tier="fast")
+    assert fast["shape_runs"] == e["size"]
+    assert pred.predict(RUN, tier="full")["shape_runs"] == 0  # a shape nobody measured: no factor
+    run_file = tmp_path / "vtrain.json"
+    run_file.write_text(row["run"])
+    assert main(["predict", "--checkpoint", str(ck), "--run", str(run_file), "--tier", "full"]) == 0
+    assert f"corrected by {e['size']} measured run(s) of these layer shapes" in capsys.readouterr().out
+    # the memory is a verified file: tampered, malformed (its sha256 updated) or missing, one clear error
+    bad = _copy(ck, tmp_path)
+    (bad / "shapes.json").write_text((bad / "shapes.json").read_text().replace("0.", "1.", 1))
+    with pytest.raises(InputError, match="shapes.json: sha256 differs"):
+        load_checkpoint(bad)
+    manifest = json.loads((bad / MANIFEST).read_text())
+    (bad / "shapes.json").write_text(json.dumps({"version": 1, "min_runs": 1, "table": {"x": [0.1, 2]}}))
+    digest = hashlib.sha256((bad / "shapes.json").read_bytes()).hexdigest()
+    manifest["files"]["shapes.json"] = digest
+    (bad / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(InputError, match="shapes.json: its entry in manifest.json must be an object"):
+        load_checkpoint(bad)  # a bare hash where an entry belongs
+    manifest["files"]["shapes.json"] = {"bytes": (bad / "shapes.json").stat().st_size, "sha256": digest}
+    (bad / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(InputError, match=r"shapes.json: key 'x' is not a shape key"):
+        load_checkpoint(bad)
+    other = tmp_path / "method"
+    shutil.copytree(ck, other)
+    manifest = json.loads((other / MANIFEST).read_text())
+    manifest["method"] = "simulator"
+    (other / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(InputError, match="has no shape memory, but components lists one"):
+        load_checkpoint(other)
+    del manifest["components"]["shapes"], manifest["files"]["shapes.json"]
+    manifest["method"] = "simulator+shapes"
+    (other / "shapes.json").unlink()
+    (other / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(InputError, match="method 'simulator\\+shapes' needs components.shapes"):
+        load_checkpoint(other)

@@ -320,10 +320,28 @@ def device_group(name: str, num_devices: int) -> tuple[str, str]:
     return (f"device:{name}:{'single' if int(num_devices) == 1 else 'multi'}", device_class(name))
 
 
-def interval_group(records: Any) -> list:
-    """Mondrian calibration groups (:func:`device_group`) of each record's device type and device count."""
-    return [device_group(str(n), int(k)) for n, k in zip(records["device_type"], records["num_devices"])]
+#: prefix of the calibration groups of runs a shape memory corrected (:func:`shape_group`)
+SHAPE_GROUP_PREFIX = "shapes:"
 
 
-__all__ = ["BREAKDOWN_COLUMNS", "Runs", "check_simulator", "device_class", "device_group", "interval_group",
-           "learned_node_times_s", "load_runs", "strategy_group", "with_cost_params"]
+def shape_group(group: tuple[str, ...], shape_hit: bool) -> tuple[str, ...]:
+    """The calibration groups of a run of ``group`` (:func:`device_group`) as a ``+shapes`` method calibrates it: a
+    run its shape memory corrected (``shape_hit``) errs like the corrected runs, far less than one it could not,
+    so it has groups of its own, ``shapes:``-prefixed and then all corrected runs pooled (``shapes:*``); the others
+    keep theirs, calibrated on the uncorrected runs only."""
+    if not shape_hit:
+        return group
+    return tuple(SHAPE_GROUP_PREFIX + g for g in group) + (SHAPE_GROUP_PREFIX + "*",)
+
+
+def interval_group(records: Any, shape_hits: Any = None) -> list:
+    """Mondrian calibration groups (:func:`device_group`) of each record's device type and device count (with
+    ``shape_hits``, a boolean per record: those of :func:`shape_group`)."""
+    groups = [device_group(str(n), int(k)) for n, k in zip(records["device_type"], records["num_devices"])]
+    if shape_hits is None:
+        return groups
+    return [shape_group(g, bool(h)) for g, h in zip(groups, shape_hits)]
+
+
+__all__ = ["BREAKDOWN_COLUMNS", "Runs", "SHAPE_GROUP_PREFIX", "check_simulator", "device_class", "device_group",
+           "interval_group", "learned_node_times_s", "load_runs", "shape_group", "strategy_group", "with_cost_params"]

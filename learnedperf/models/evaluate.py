@@ -30,7 +30,7 @@ from typing import Any, Callable, Optional
 from ..data.splits import split_mask
 from ..errors import InputError
 from .dataset import Runs, device_class, strategy_group, with_cost_params
-from .iteration import METHODS, IterationModel, needs_ops
+from .iteration import METHODS, IterationModel, base_method, needs_ops
 from .metrics import score
 
 MEASURED_SCALE_THRESHOLD = 4
@@ -225,22 +225,29 @@ def evaluate(runs_for: Callable[[Optional[Any]], Runs], methods: tuple[str, ...]
                                  "test_measured": int(test_rows.sum()), "methods": {}}
         if refitted is not None:
             entry["measured_device_constants"] = refitted
+        fitted: dict[str, IterationModel] = {}  # this split's point models, shared by a method and its +shapes
         for method in methods:
             t0 = time.perf_counter()
-            model = IterationModel(method, gnn_params=gnn_params, op_regressor=runs.op_regressor, folds=folds,
-                                   seed=seed).fit(train_runs)
+            base = base_method(method)
+            if base not in fitted:
+                fitted[base] = IterationModel(base, gnn_params=gnn_params, op_regressor=runs.op_regressor,
+                                              folds=folds, seed=seed).fit(train_runs)
+            model = fitted[base] if method == base else fitted[base].with_shapes()
             p, lo, hi = model.predict(test_runs)
             metrics = score(p, y, groups, lo, hi)
             metrics["fit_s"] = round(time.perf_counter() - t0, 2)
             entry["methods"][method] = metrics
             log(f"{split:20s} {method:18s} MAPE {metrics['mape']:6.1f} %  tau {metrics['kendall_tau']:5.2f}  "
                 f"regret {metrics['top1_regret']:.3f}  coverage {metrics['coverage']:.2f}  ({metrics['fit_s']} s)")
+            # the measured training runs of each test run's shape key (what its shape memory rests on)
+            shape_runs = model.shapes_.lookup(test_runs.specs)[1] if method != base else None
             for i in range(len(y)):
-                report["predictions"].append({"split": split, "method": method,
-                                              "run_id": test_runs.records["run_id"].iat[i],
-                                              "origin": test_runs.records["origin"].iat[i],
-                                              "measured_ms": float(y[i]), "predicted_ms": float(p[i]),
-                                              "lower_ms": float(lo[i]), "upper_ms": float(hi[i])})
+                row = {"split": split, "method": method, "run_id": test_runs.records["run_id"].iat[i],
+                       "origin": test_runs.records["origin"].iat[i], "measured_ms": float(y[i]),
+                       "predicted_ms": float(p[i]), "lower_ms": float(lo[i]), "upper_ms": float(hi[i])}
+                if shape_runs is not None:
+                    row["shape_runs"] = int(shape_runs[i])
+                report["predictions"].append(row)
         report["splits"][split] = entry
     report["methods"] = list(methods)
     report["seed"] = seed

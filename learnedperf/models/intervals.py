@@ -422,17 +422,21 @@ class ConformalInterval:
             return [()] * len(specs)
         return [self.domain_.novelty_classes(s) for s in specs]
 
-    def interval_for_specs(self, pred_ms: Any, specs: Any, classes: Optional[list] = None):
+    def interval_for_specs(self, pred_ms: Any, specs: Any, classes: Optional[list] = None,
+                           shape_hits: Optional[Any] = None):
         """``(lower_ms, upper_ms)`` arrays for predictions ``pred_ms`` of the runs ``specs`` (RunSpecs):
         the device group (its type and device count, then its class) and, with a fitted domain, the novelty
         classes of each run come from the run (``classes``: :meth:`novelty_classes` of ``specs``, if the caller has
-        them)."""
+        them). ``shape_hits`` (a ``+shapes`` method's): whether a shape memory corrected each run, which then takes
+        the corrected runs' groups (:func:`~learnedperf.models.dataset.shape_group`)."""
         from ..data.records import domain_columns
-        from .dataset import device_group
+        from .dataset import device_group, shape_group
 
         specs = list(specs)
         # the device type, as the records' interval_group reads it (a synthetic device: its base)
         groups = [device_group(d["device_type"], d["num_devices"]) for d in map(domain_columns, specs)]
+        if shape_hits is not None:
+            groups = [shape_group(g, bool(h)) for g, h in zip(groups, shape_hits)]
         # every class that applies widens: a run new in device and strategy gets the wider side of each
         return self.interval(pred_ms, groups, self.novelty_classes(specs) if classes is None else classes)
 

@@ -17,6 +17,10 @@ best of):
                     node times as node features
 ================== ===========================================================================
 
+Each has a ``+shapes`` variant (``gnn_residual+shapes``): the same point model times its *shape memory*
+(:class:`~learnedperf.models.shapes.ShapeMemory`), the median of what it missed, out of sample, on the
+measured runs with the run's per-device layer shapes, where there are such runs.
+
 Every method gets a conformal 90 % interval calibrated on measured runs it did not train on.
 By default it is split-conformal: ``calibration_fraction`` of the measured training runs (whole
 strategy groups, chosen by hash) are held back from the GNN and used only for calibration. With
@@ -39,12 +43,22 @@ from typing import Any, Optional
 from ..errors import InputError
 from .dataset import Runs, interval_group, strategy_group
 from .intervals import ConformalInterval, TrainingDomain
+from .shapes import SHAPES_SUFFIX, ShapeMemory, shape_key
 
-METHODS = ("formula", "simulator", "simulator+ops", "gnn_direct", "gnn_residual", "gnn_residual+ops")
-"""Methods in the order the evaluation reports them."""
+BASE_METHODS = ("formula", "simulator", "simulator+ops", "gnn_direct", "gnn_residual", "gnn_residual+ops")
+"""The point models, in the order the evaluation reports them."""
 
-GNN_METHODS = {"gnn_direct": "direct", "gnn_residual": "residual", "gnn_residual+ops": "residual"}
+METHODS = BASE_METHODS + tuple(m + SHAPES_SUFFIX for m in BASE_METHODS)
+"""Methods: each point model, and the same with its shape memory (:mod:`learnedperf.models.shapes`)."""
+
+GNN_METHODS = {m + s: mode for m, mode in (("gnn_direct", "direct"), ("gnn_residual", "residual"),
+                                           ("gnn_residual+ops", "residual")) for s in ("", SHAPES_SUFFIX)}
 """GNN methods → the GNN's mode."""
+
+
+def base_method(method: str) -> str:
+    """The point model of ``method`` (``gnn_residual+shapes`` → ``gnn_residual``)."""
+    return method[:-len(SHAPES_SUFFIX)] if method.endswith(SHAPES_SUFFIX) else method
 
 
 def parse_gnn_params(items: Any) -> dict:
@@ -89,7 +103,7 @@ def check_gnn_params(gnn_params: dict) -> None:
 
 def needs_ops(method: str) -> bool:
     """Whether ``method`` runs on learned operator costs."""
-    return method.endswith("+ops")
+    return base_method(method).endswith("+ops")
 
 
 def ideal_time_ms(specs: list):
@@ -205,7 +219,8 @@ class IterationModel:
 
         y = runs.records["iteration_time_ms"].to_numpy(dtype=float)
         measured = runs.measured
-        trains_nothing = self.method in ("simulator", "simulator+ops")
+        base = base_method(self.method)
+        trains_nothing = base in ("simulator", "simulator+ops")
         crossfit = self.folds >= 2 and not trains_nothing
         if crossfit:
             fold = fold_index(runs.records, self.folds, self.seed)
@@ -222,7 +237,7 @@ class IterationModel:
             calib = calibration_mask(runs.records, self.calibration_fraction, self.seed)
             train = ~calib
         oof = None  # out-of-fold predictions of the measured rows (cross-fitting)
-        if self.method == "formula":
+        if base == "formula":
             ideal = ideal_time_ms(runs.specs)
 
             def mfu(rows):
@@ -254,7 +269,6 @@ class IterationModel:
                 oof = np.exp(members[fold[rows], np.arange(len(rows))])
         self.n_train_ = int(train.sum())
         self.n_train_measured_ = int((train & measured).sum())
-        self.interval_ = ConformalInterval(self.coverage)
         if not calib.any():
             raise InputError("no measured training runs to calibrate the interval on")
         # the domain is that of the measured runs the point model learned from (for the simulator
@@ -262,20 +276,72 @@ class IterationModel:
         trained = train & measured
         domain = TrainingDomain.from_records(runs.records[trained]) if trained.any() else None
         sub = runs.subset(calib)
-        pred = oof if oof is not None else self.predict_point(sub)
-        self.interval_.fit(pred, sub.records["iteration_time_ms"].to_numpy(dtype=float),
-                           interval_group(sub.records), domain=domain)
-        # what the interval was calibrated on, for a study of its groups (experiments/interval_groups.py); in
-        # memory only: a checkpoint keeps the quantiles
+        pred = oof if oof is not None else self._point(sub)
+        # what the interval is calibrated on, for the shape memory and a study of its groups
+        # (experiments/interval_groups.py); in memory only: a checkpoint keeps the quantiles and the memory
+        self.domain_ = domain
         self.calibration_records_ = sub.records
+        self.calibration_specs_ = sub.specs
+        self.base_calibration_pred_ms_ = np.asarray(pred, dtype=float)
+        return self._fit_interval()
+
+    def _fit_interval(self) -> "IterationModel":
+        """The shape memory (``+shapes``) and the interval, from the base model's out-of-sample predictions of the
+        calibration runs."""
+        import numpy as np
+
+        rec = self.calibration_records_
+        y = rec["iteration_time_ms"].to_numpy(dtype=float)
+        pred = self.base_calibration_pred_ms_
+        hits = None
+        if self.method.endswith(SHAPES_SUFFIX):
+            keys = [shape_key(s) for s in self.calibration_specs_]
+            res = np.log(y / pred)
+            self.shapes_ = ShapeMemory().fit(keys, res)
+            # each calibration run corrected as a run of a strategy nobody measured would be: by its key's runs of
+            # other strategy groups only, so that the interval covers the memory's own error; the corrected runs
+            # and the others are calibrated apart (dataset.shape_group): they err differently
+            factor, n = self.shapes_.leave_group_out(keys, res, strategy_group(rec))
+            pred = pred * np.exp(np.asarray(factor))
+            hits = np.asarray(n) > 0
+        self.interval_ = ConformalInterval(self.coverage)
+        self.interval_.fit(pred, y, interval_group(rec, hits), domain=self.domain_)
         self.calibration_pred_ms_ = np.asarray(pred, dtype=float)
         return self
 
+    def with_shapes(self) -> "IterationModel":
+        """This fitted model's ``+shapes`` variant: the same point model (shared, not refitted) with a shape memory
+        and an interval of its own, from the same out-of-sample predictions (what ``fit`` of the ``+shapes`` method
+        would make, without training the point model again)."""
+        import copy
+
+        self._check("interval_")
+        if self.method.endswith(SHAPES_SUFFIX):
+            raise InputError(f"IterationModel({self.method!r}) has its shape memory already")
+        new = copy.copy(self)
+        new.method = self.method + SHAPES_SUFFIX
+        return new._fit_interval()
+
     def predict_point(self, runs: Runs):
-        """Point predictions (ms) of ``runs``."""
+        """Point predictions (ms) of ``runs`` (with the shape memory's factor, for a ``+shapes`` method)."""
+        return self._predict_point(runs)[0]
+
+    def _predict_point(self, runs: Runs):
+        """``(point ms, shape hits)``: hits is None but for a ``+shapes`` method, whose memory corrected those runs."""
         import numpy as np
 
-        if self.method == "formula":
+        p = self._point(runs)
+        if not self.method.endswith(SHAPES_SUFFIX):
+            return p, None
+        self._check("shapes_")
+        factors, counts = self.shapes_.lookup(runs.specs)
+        return p * np.exp(np.asarray(factors, dtype=float)), np.asarray(counts) > 0
+
+    def _point(self, runs: Runs):
+        """The base model's point predictions (ms) of ``runs``."""
+        import numpy as np
+
+        if base_method(self.method) == "formula":
             self._check("mfu_")
             return ideal_time_ms(runs.specs) / self.mfu_
         if self.method in GNN_METHODS:
@@ -287,9 +353,9 @@ class IterationModel:
         """``(point_ms, lower_ms, upper_ms)`` numpy arrays for ``runs`` (the interval of a novel run is
         widened where :meth:`~learnedperf.models.intervals.ConformalInterval.fit_novelty` was called)."""
         self._check("interval_")
-        p = self.predict_point(runs)
+        p, hits = self._predict_point(runs)
         # the same device groups as interval_group(runs.records), read from the specs as a Predictor does
-        lo, hi = self.interval_.interval_for_specs(p, runs.specs)
+        lo, hi = self.interval_.interval_for_specs(p, runs.specs, shape_hits=hits)
         return p, lo, hi
 
     def _check(self, attr: str) -> None:
@@ -297,5 +363,5 @@ class IterationModel:
             raise InputError(f"IterationModel({self.method!r}) is not fitted")
 
 
-__all__ = ["GNN_METHODS", "IterationModel", "METHODS", "calibration_mask", "check_gnn_params", "fold_index",
-           "ideal_time_ms", "needs_ops", "parse_gnn_params"]
+__all__ = ["BASE_METHODS", "GNN_METHODS", "IterationModel", "METHODS", "base_method", "calibration_mask",
+           "check_gnn_params", "fold_index", "ideal_time_ms", "needs_ops", "parse_gnn_params"]
