@@ -82,6 +82,7 @@ def test_json_round_trip_and_one_clear_error_per_malformed_memory():
         ({**good, "min_runs": 0}, "min_runs must be an integer >= 1"),
         ({**good, "table": []}, "'table' must be a JSON object"),
         ({**good, "table": {"not json": [0.1, 2]}}, "is not a shape key"),
+        ({**good, "table": {'["A100",null,8,{},{}]': [0.1, 2]}}, "is not a shape key"),  # no architecture in it
         ({**good, "table": {k: [math.inf, 2]}}, "finite median"),
         ({**good, "table": {k: [0.1, 0]}}, "runs >= min_runs"),
         ([], "expected a JSON object"),

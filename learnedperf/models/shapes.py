@@ -50,6 +50,11 @@ def _model_json(model: Any) -> str:
     return _dumps(out)
 
 
+def _coarse_model(model: dict) -> tuple:
+    # three required fields of an architecture: a run whose device and these match no key needs no JSON at all
+    return model["num_layers"], model["hidden_size"], model["seq_length"]
+
+
 def _head(spec: Any, model_json: str) -> str:
     # the key's first four items, joined as json.dumps joins a list's items (so that head + strategy is the key)
     hw = spec.hardware
@@ -106,6 +111,7 @@ class ShapeMemory:
         # what a lookup checks before it builds a whole key: the devices, then (device, cluster, node, model)
         items = [json.loads(k) for k in self.table_]
         self.devices_ = frozenset(it[0] for it in items)
+        self._coarse = frozenset((it[0],) + _coarse_model(it[3]) for it in items)
         self._heads = frozenset(",".join(_dumps(x) for x in it[:4]) for it in items)
         self._models: dict[Any, str] = {}
         return self
@@ -121,8 +127,9 @@ class ShapeMemory:
         for spec in specs:
             hit = None
             # a planner asks thousands of strategies of one model: its JSON is made once, and the strategy's only
-            # where some measured run had this device and model
-            if spec.hardware.device.name in self.devices_:
+            # where some measured run had this device and model (a run of another size skips both)
+            m = spec.model
+            if (spec.hardware.device.name, m.num_layers, m.hidden_size, m.seq_length) in self._coarse:
                 model = self._models.get(spec.model)
                 if model is None:
                     if len(self._models) >= 1024:
@@ -177,7 +184,8 @@ class ShapeMemory:
             try:
                 items = json.loads(key)
                 ok = (isinstance(items, list) and len(items) == 5 and isinstance(items[0], str)
-                      and isinstance(items[3], dict) and isinstance(items[4], dict))
+                      and isinstance(items[3], dict) and isinstance(items[4], dict)
+                      and all(f in items[3] for f in ("num_layers", "hidden_size", "seq_length")))
             except (ValueError, TypeError):
                 ok = False
             if not ok:
