@@ -135,7 +135,7 @@ def save_checkpoint(directory: str | Path, model: Any, training_data: dict, metr
         components["gnn"] = GNN_DIR
         gnn_meta = load_json_file(directory / GNN_DIR / "gnn.json")
         normalisation = gnn_meta.get("normalisation")
-    if getattr(model, "shapes_", None) is not None and model.method.endswith(SHAPES_SUFFIX):
+    if model.method.endswith(SHAPES_SUFFIX):  # a fitted +shapes model always has its memory
         (directory / SHAPES_FILE).write_text(json.dumps(model.shapes_.to_dict(), indent=0, sort_keys=True) + "\n",
                                              encoding="utf-8")
         components["shapes"] = SHAPES_FILE

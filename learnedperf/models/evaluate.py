@@ -233,14 +233,13 @@ def evaluate(runs_for: Callable[[Optional[Any]], Runs], methods: tuple[str, ...]
                 fitted[base] = IterationModel(base, gnn_params=gnn_params, op_regressor=runs.op_regressor,
                                               folds=folds, seed=seed).fit(train_runs)
             model = fitted[base] if method == base else fitted[base].with_shapes()
-            p, lo, hi = model.predict(test_runs)
+            # shape_runs: the measured training runs of each test run's shape key (what its shape memory rests on)
+            p, lo, hi, shape_runs = model.predict(test_runs, shape_runs=True)
             metrics = score(p, y, groups, lo, hi)
             metrics["fit_s"] = round(time.perf_counter() - t0, 2)
             entry["methods"][method] = metrics
             log(f"{split:20s} {method:18s} MAPE {metrics['mape']:6.1f} %  tau {metrics['kendall_tau']:5.2f}  "
                 f"regret {metrics['top1_regret']:.3f}  coverage {metrics['coverage']:.2f}  ({metrics['fit_s']} s)")
-            # the measured training runs of each test run's shape key (what its shape memory rests on)
-            shape_runs = model.shapes_.lookup(test_runs.specs)[1] if method != base else None
             for i in range(len(y)):
                 row = {"split": split, "method": method, "run_id": test_runs.records["run_id"].iat[i],
                        "origin": test_runs.records["origin"].iat[i], "measured_ms": float(y[i]),

@@ -327,7 +327,8 @@ class IterationModel:
         return self._predict_point(runs)[0]
 
     def _predict_point(self, runs: Runs):
-        """``(point ms, shape hits)``: hits is None but for a ``+shapes`` method, whose memory corrected those runs."""
+        """``(point ms, shape runs)``: shape runs is None but for a ``+shapes`` method, where it counts the measured
+        runs of each run's key (0: not corrected)."""
         import numpy as np
 
         p = self._point(runs)
@@ -335,7 +336,7 @@ class IterationModel:
             return p, None
         self._check("shapes_")
         factors, counts = self.shapes_.lookup(runs.specs)
-        return p * np.exp(np.asarray(factors, dtype=float)), np.asarray(counts) > 0
+        return p * np.exp(np.asarray(factors, dtype=float)), np.asarray(counts, dtype=int)
 
     def _point(self, runs: Runs):
         """The base model's point predictions (ms) of ``runs``."""
@@ -349,14 +350,16 @@ class IterationModel:
             return np.asarray(self.gnn_.predict(self.samples(runs)), dtype=float)
         return np.asarray(self._base_ms(runs), dtype=float)
 
-    def predict(self, runs: Runs):
+    def predict(self, runs: Runs, shape_runs: bool = False):
         """``(point_ms, lower_ms, upper_ms)`` numpy arrays for ``runs`` (the interval of a novel run is
-        widened where :meth:`~learnedperf.models.intervals.ConformalInterval.fit_novelty` was called)."""
+        widened where :meth:`~learnedperf.models.intervals.ConformalInterval.fit_novelty` was called); with
+        ``shape_runs``, a fourth item: the measured runs of each run's shape key (None but for a ``+shapes``
+        method)."""
         self._check("interval_")
-        p, hits = self._predict_point(runs)
+        p, counts = self._predict_point(runs)
         # the same device groups as interval_group(runs.records), read from the specs as a Predictor does
-        lo, hi = self.interval_.interval_for_specs(p, runs.specs, shape_hits=hits)
-        return p, lo, hi
+        lo, hi = self.interval_.interval_for_specs(p, runs.specs, shape_hits=None if counts is None else counts > 0)
+        return (p, lo, hi, counts) if shape_runs else (p, lo, hi)
 
     def _check(self, attr: str) -> None:
         if not hasattr(self, attr):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+from statistics import median
 from typing import Any
 
 from ..errors import InputError
@@ -50,9 +51,8 @@ def _model_json(model: Any) -> str:
     return _dumps(out)
 
 
-def _coarse_model(model: dict) -> tuple:
-    # three required fields of an architecture: a run whose device and these match no key needs no JSON at all
-    return model["num_layers"], model["hidden_size"], model["seq_length"]
+#: three required fields of an architecture: a run whose device and these match no key needs no JSON at all
+_COARSE_FIELDS = ("num_layers", "hidden_size", "seq_length")
 
 
 def _head(spec: Any, model_json: str) -> str:
@@ -70,12 +70,6 @@ def shape_key(spec: Any) -> str:
     node size, its architecture (without the model's name: an inline copy of a catalog model is the same layers)
     and its strategy less :data:`FREE_STRATEGY_FIELDS`."""
     return "[" + _head(spec, _model_json(spec.model)) + "," + _strategy_json(spec) + "]"
-
-
-def _median(values: list[float]) -> float:
-    v = sorted(values)
-    n = len(v)
-    return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
 
 
 class ShapeMemory:
@@ -104,14 +98,14 @@ class ShapeMemory:
         by_key: dict[str, list[float]] = {}
         for k, r in zip(keys, res):
             by_key.setdefault(k, []).append(r)
-        self.table_ = {k: (_median(v), len(v)) for k, v in sorted(by_key.items()) if len(v) >= self.min_runs}
+        self.table_ = {k: (median(v), len(v)) for k, v in sorted(by_key.items()) if len(v) >= self.min_runs}
         return self._index()
 
     def _index(self) -> "ShapeMemory":
         # what a lookup checks before it builds a whole key: the devices, then (device, cluster, node, model)
         items = [json.loads(k) for k in self.table_]
         self.devices_ = frozenset(it[0] for it in items)
-        self._coarse = frozenset((it[0],) + _coarse_model(it[3]) for it in items)
+        self._coarse = frozenset((it[0],) + tuple(it[3][f] for f in _COARSE_FIELDS) for it in items)
         self._heads = frozenset(",".join(_dumps(x) for x in it[:4]) for it in items)
         self._models: dict[Any, str] = {}
         return self
@@ -128,8 +122,8 @@ class ShapeMemory:
             hit = None
             # a planner asks thousands of strategies of one model: its JSON is made once, and the strategy's only
             # where some measured run had this device and model (a run of another size skips both)
-            m = spec.model
-            if (spec.hardware.device.name, m.num_layers, m.hidden_size, m.seq_length) in self._coarse:
+            coarse = (spec.hardware.device.name,) + tuple(getattr(spec.model, f) for f in _COARSE_FIELDS)
+            if coarse in self._coarse:
                 model = self._models.get(spec.model)
                 if model is None:
                     if len(self._models) >= 1024:
@@ -154,7 +148,7 @@ class ShapeMemory:
         for k, g in zip(keys, groups):
             others = [r for gg, r in by_key[k] if gg != g]
             use = len(others) >= self.min_runs
-            factors.append(_median(others) if use else 0.0)
+            factors.append(median(others) if use else 0.0)
             counts.append(len(others) if use else 0)
         return factors, counts
 
@@ -185,7 +179,7 @@ class ShapeMemory:
                 items = json.loads(key)
                 ok = (isinstance(items, list) and len(items) == 5 and isinstance(items[0], str)
                       and isinstance(items[3], dict) and isinstance(items[4], dict)
-                      and all(f in items[3] for f in ("num_layers", "hidden_size", "seq_length")))
+                      and all(f in items[3] for f in _COARSE_FIELDS))
             except (ValueError, TypeError):
                 ok = False
             if not ok:
