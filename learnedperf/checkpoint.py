@@ -211,6 +211,8 @@ class Checkpoint:
         formula_mfu: the fitted MFU of the ``formula`` method, or None.
         surrogate: the fast tier's :class:`~learnedperf.models.surrogate.SurrogateRegressor`, or None.
         surrogate_bounds: ``(log_lower, log_upper)`` of log(full / surrogate) on held-out runs.
+        surrogate_simulator_bounds: the same of the surrogate's simulator model (log(simulator / its model)), where
+            it has one (a memory over the simulator: the fast tier's hits multiply that model's time).
         shapes: the :class:`~learnedperf.models.shapes.ShapeMemory` of a ``+shapes`` method, or None.
     """
 
@@ -223,6 +225,7 @@ class Checkpoint:
     formula_mfu: Optional[float] = None
     surrogate: Any = None
     surrogate_bounds: tuple[float, float] = (0.0, 0.0)
+    surrogate_simulator_bounds: Optional[tuple[float, float]] = None
     shapes: Any = None
 
     @property
@@ -287,11 +290,21 @@ def load_checkpoint(path: str | Path | None = None) -> Checkpoint:
         if not (isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and lo <= 0.0 <= hi):
             raise InputError(f"{path / comps['surrogate']}: surrogate fidelity bounds missing or invalid")
         ckpt.surrogate_bounds = (float(lo), float(hi))
+        sim_fid = fid.get("simulator")
+        if sim_fid is not None:
+            lo, hi = (sim_fid.get("log_lower"), sim_fid.get("log_upper")) if isinstance(sim_fid, dict) else (None, None)
+            if not (isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and lo <= 0.0 <= hi):
+                raise InputError(f"{path / comps['surrogate']}: surrogate simulator fidelity bounds invalid")
+            ckpt.surrogate_simulator_bounds = (float(lo), float(hi))
     if "shapes" in comps:
         from .models.shapes import ShapeMemory
 
         spath = path / comps["shapes"]
         ckpt.shapes = ShapeMemory.from_dict(load_json_file(spath), where=str(spath))
+        if ckpt.shapes.over == "simulator" and ckpt.surrogate is not None and (
+                ckpt.surrogate.simulator_booster_ is None or ckpt.surrogate_simulator_bounds is None):
+            raise InputError(f"{spath}: the memory is over the simulator, but the surrogate has no simulator model "
+                             "with its fidelity (retrain with 'learnedperf train')")
     from .models.iteration import GNN_METHODS, needs_ops
     from .models.shapes import SHAPES_SUFFIX
 

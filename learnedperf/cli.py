@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import os
 import sys
 from typing import Any, Callable, Optional, TextIO
@@ -1028,6 +1029,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
         metrics: dict[str, Any] = {"chosen_by": chosen_by}
         if means is not None:
             metrics["mean_unseen_mape_by_method"] = means
+        if hasattr(model, "shapes_"):
+            # the memory's base and the held-out MAPE of each candidate on the calibration runs that chose it
+            metrics["shapes_over"] = model.shapes_.over
+            metrics["shapes_choice_mape"] = {k: round(v, 3) for k, v in model.shape_choice_.items()
+                                             if math.isfinite(v)}
+            print(f"shape memory over the {model.shapes_.over} ("
+                  + ", ".join(f"{k} {v:.2f} %" for k, v in metrics["shapes_choice_mape"].items())
+                  + " held out on its corrected calibration runs)", file=sys.stderr)
         if report is not None:
             metrics["evaluation"] = {k: v for k, v in report.items() if k != "predictions"}
             metrics["tables"] = {m: format_table(report, m) for m in ("mape", "kendall_tau", "top1_regret",

@@ -360,14 +360,23 @@ class Predictor:
         shares = ck.surrogate.predict_shares(X)
         valid = [specs[i] for i in ok]
         shape_runs = None
+        times = np.asarray(times, dtype=float)
+        bound_lo = np.full(len(valid), ck.surrogate_bounds[0])
+        bound_hi = np.full(len(valid), ck.surrogate_bounds[1])
         if ck.shapes is not None:
             # the surrogate learnt the full tier before its shape memory (surrogate_labels): applied here as there
             factors, shape_runs = ck.shapes.lookup(valid)
-            times = np.asarray(times, dtype=float) * np.exp(np.asarray(factors, dtype=float))
+            factors = np.exp(np.asarray(factors, dtype=float))
+            hit = np.asarray(shape_runs) > 0
+            if ck.shapes.over == "simulator" and hit.any():
+                # the hits multiply the surrogate's simulator time, and are as far from the full tier as it is
+                times[hit] = ck.surrogate.predict_simulator(X[hit], np.asarray(analytic)[hit])
+                bound_lo[hit], bound_hi[hit] = ck.surrogate_simulator_bounds
+            times = times * factors
         novelty = ck.interval.novelty_classes(valid)
         lo, hi = ck.interval.interval_for_specs(times, valid, novelty,
                                                 None if shape_runs is None else [n > 0 for n in shape_runs])
-        lo, hi = lo * math.exp(ck.surrogate_bounds[0]), hi * math.exp(ck.surrogate_bounds[1])
+        lo, hi = lo * np.exp(bound_lo), hi * np.exp(bound_hi)
         source = ck.source + ":fast"
         for j, i in enumerate(ok):
             spec, t_ms, mem = specs[i], float(times[j]), mems[j]
@@ -458,7 +467,9 @@ class Predictor:
         shape_runs = None
         if ck.shapes is not None and shapes:
             factor, runs = ck.shapes.lookup([spec])
-            t, shape_runs = t * math.exp(factor[0]), runs[0]
+            # a memory over the simulator multiplies the simulator's time, one over the model the model's
+            t = (base if runs[0] > 0 and ck.shapes.over == "simulator" else t) * math.exp(factor[0])
+            shape_runs = runs[0]
         if not (math.isfinite(t) and t > 0):
             raise InputError(f"checkpoint {ck.path.name}: the model produced an invalid time {t!r} for this run")
         novelty = ck.interval.novelty_classes([spec])
@@ -762,8 +773,9 @@ def surrogate_labels(predictor: Predictor, runs: Any) -> tuple[list, int]:
     """What :func:`distil_surrogate` fits on: ``runs`` (run-format dicts) labelled by ``predictor``'s full tier.
 
     Returns:
-        ``(rows, refused)``: a row ``(run features, analytic s, full ms, breakdown shares)`` per run the full tier
-        answers, in :data:`~learnedperf.models.surrogate.BREAKDOWN_PARTS` order; the count of runs it refused.
+        ``(rows, refused)``: a row ``(run features, analytic s, full ms, breakdown shares, simulator ms)`` per run the
+        full tier answers, the shares in :data:`~learnedperf.models.surrogate.BREAKDOWN_PARTS` order; the count of
+        runs it refused.
     """
     from .models.surrogate import BREAKDOWN_PARTS
     from .specs import RunSpec
@@ -778,7 +790,8 @@ def surrogate_labels(predictor: Predictor, runs: Any) -> tuple[list, int]:
             continue
         _ctx, _mem, x, at = predictor._features(spec)
         t = pred["iteration_time_ms"]
-        rows.append((x, at.total_s, t, [pred["breakdown_ms"].get(p, 0.0) / t for p in BREAKDOWN_PARTS]))
+        rows.append((x, at.total_s, t, [pred["breakdown_ms"].get(p, 0.0) / t for p in BREAKDOWN_PARTS],
+                     pred["simulator_iteration_time_ms"]))
     return rows, failed
 
 
@@ -812,7 +825,7 @@ def distil_surrogate(predictor: Predictor, n: int = 20000, seed: int = 0, holdou
     from .models.surrogate import SurrogateRegressor
 
     def label(it: Any, total: int, desc: str) -> tuple[list, int, float]:
-        """(rows of [features, analytic s, full ms, shares], runs the full tier refused, seconds)"""
+        """(rows of [features, analytic s, full ms, shares, simulator ms], runs the full tier refused, seconds)"""
         t0 = time.perf_counter()
         if progress:
             from tqdm import tqdm
@@ -822,7 +835,7 @@ def distil_surrogate(predictor: Predictor, n: int = 20000, seed: int = 0, holdou
         return rows, failed, time.perf_counter() - t0
 
     def arrays(rows: list) -> tuple:
-        return tuple(np.asarray([r[k] for r in rows], dtype=float) for k in range(4))
+        return tuple(np.asarray([r[k] for r in rows], dtype=float) for k in range(5))
 
     groups: list = []
     if n_near > 0:
@@ -838,11 +851,15 @@ def distil_surrogate(predictor: Predictor, n: int = 20000, seed: int = 0, holdou
         # sample_near_runs' draws, on the groups made above
         near_runs = ((i, draw_near(seed + 1, i, groups).run) for i in range(n_near))
         near, near_failed, near_s = label(near_runs, n_near, "distil near")
-    X, a, y, S = arrays(sampled + near)
+    X, a, y, S, sim = arrays(sampled + near)
+    # a memory over the simulator multiplies the simulator's time on a hit: the fast tier needs a model of it too
+    shapes = predictor.checkpoint.shapes
+    with_sim = shapes is not None and shapes.over == "simulator"
     is_near = np.arange(len(y)) >= len(sampled)
     rng = np.random.default_rng(seed)
     test = rng.random(len(y)) < holdout
-    probe = SurrogateRegressor(random_state=seed).fit(X[~test], y[~test], a[~test], S[~test])
+    probe = SurrogateRegressor(random_state=seed).fit(X[~test], y[~test], a[~test], S[~test],
+                                                      simulator_ms=sim[~test] if with_sim else None)
     fast = probe.predict(X[test], a[test])
     t_s, t_n = ~is_near[test], is_near[test]
     r = np.log(y[test][t_s] / fast[t_s])
@@ -854,6 +871,14 @@ def distil_surrogate(predictor: Predictor, n: int = 20000, seed: int = 0, holdou
                 "sampler_seed": seed + 1, "label_seconds": round(label_s, 1)}
     fidelity["near"] = {"n_labelled": len(near), "n_failed": near_failed, "n_anchor_groups": len(groups),
                         "n_holdout": int(t_n.sum()), "label_seconds": round(near_s, 1)}
+    if with_sim:
+        # the simulator model's own fidelity: it widens a fast interval where the memory multiplies it
+        fast_sim = probe.predict_simulator(X[test], a[test])
+        rs = np.log(sim[test] / fast_sim)
+        fidelity["simulator"] = {"holdout_mape": round(float(mape(fast_sim, sim[test])), 3),
+                                 "log_lower": min(conformal_quantile(rs, 0.05), 0.0),
+                                 "log_upper": max(conformal_quantile(rs, 0.95), 0.0)}
+        log(f"distil: held-out fast vs full simulator MAPE {fidelity['simulator']['holdout_mape']:.2f} %")
     if t_n.any():
         fidelity["near"].update(
             holdout_mape=round(float(mape(fast[t_n], y[test][t_n])), 3),
@@ -865,9 +890,11 @@ def distil_surrogate(predictor: Predictor, n: int = 20000, seed: int = 0, holdou
         near_mape = fidelity["near"].get("holdout_mape", float("nan"))
         log(f"distil: {len(near)} runs near {len(groups)} measured (model, hardware) pairs labelled in {near_s:.0f} s "
             f"({near_failed} failed); held-out fast vs full MAPE {near_mape:.2f} %")
-    if not all(math.isfinite(fidelity[k]) for k in ("log_lower", "log_upper")):
+    bounds = [fidelity[k] for k in ("log_lower", "log_upper")]
+    bounds += [fidelity["simulator"][k] for k in ("log_lower", "log_upper")] if with_sim else []
+    if not all(math.isfinite(b) for b in bounds):
         raise InputError("distillation: the surrogate's fidelity is not finite")
-    return SurrogateRegressor(random_state=seed).fit(X, y, a, S), fidelity
+    return SurrogateRegressor(random_state=seed).fit(X, y, a, S, simulator_ms=sim if with_sim else None), fidelity
 
 
 __all__ = ["Predictor", "SEARCH_CONSTRAINTS", "TIERS", "distil_surrogate", "enumerate_strategies", "error_text",

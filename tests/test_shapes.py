@@ -90,6 +90,17 @@ def test_json_round_trip_and_one_clear_error_per_malformed_memory():
     for data, match in bad:
         with pytest.raises(InputError, match=match):
             ShapeMemory.from_dict(data, where="shapes.json")
+    # what the medians are residuals of travels with them
+    over = ShapeMemory(over="simulator").fit([k, k], [0.1, 0.2])
+    assert ShapeMemory.from_dict(json.loads(json.dumps(over.to_dict()))).over == "simulator"
+    assert mem.over == "model" and back.over == "model"
+    with pytest.raises(InputError, match="over must be one of model, simulator, got 'gnn'"):
+        ShapeMemory.from_dict({**good, "over": "gnn"}, where="shapes.json")
+    # a file of version 1 (before 'over') is a memory over the model, as it was written
+    old = {k: v for k, v in good.items() if k != "over"} | {"version": 1}
+    assert ShapeMemory.from_dict(old).over == "model" and ShapeMemory.from_dict(old).table_ == mem.table_
+    with pytest.raises(InputError, match="version 1 has no 'over'"):
+        ShapeMemory.from_dict(old | {"over": "simulator"}, where="shapes.json")
     with pytest.raises(InputError, match="2 keys but 1 residuals"):
         ShapeMemory().fit([k, k], [0.1])
     with pytest.raises(InputError, match="not finite"):

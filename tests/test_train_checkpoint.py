@@ -16,6 +16,7 @@ from learnedperf.cli import main
 from learnedperf.data import load_records, run_generate
 from learnedperf.errors import InputError
 from learnedperf.models.evaluate import MEASURED_SCALE_THRESHOLD
+from learnedperf.models.shapes import SHAPES_VERSION
 from learnedperf.simulate import simulate
 
 TINY_GNN = ["--gnn", "pretrain_epochs=1", "--gnn", "finetune_epochs=1", "--gnn", "hidden=8", "--gnn",
@@ -625,7 +626,8 @@ def test_a_shapes_checkpoint_applies_its_memory_in_both_tiers_and_verifies_it(da
     with pytest.raises(InputError, match="shapes.json: sha256 differs"):
         load_checkpoint(bad)
     manifest = json.loads((bad / MANIFEST).read_text())
-    (bad / "shapes.json").write_text(json.dumps({"version": 1, "min_runs": 1, "table": {"x": [0.1, 2]}}))
+    (bad / "shapes.json").write_text(json.dumps({"version": SHAPES_VERSION, "min_runs": 1, "over": "model",
+                                                 "table": {"x": [0.1, 2]}}))
     digest = hashlib.sha256((bad / "shapes.json").read_bytes()).hexdigest()
     manifest["files"]["shapes.json"] = digest
     (bad / MANIFEST).write_text(json.dumps(manifest))
@@ -648,3 +650,99 @@ def test_a_shapes_checkpoint_applies_its_memory_in_both_tiers_and_verifies_it(da
     (other / MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(InputError, match="method 'simulator\\+shapes' needs components.shapes"):
         load_checkpoint(other)
+
+
+TINY_PARAMS = {"pretrain_epochs": 1, "finetune_epochs": 1, "hidden": 8, "num_layers": 1}
+
+
+@pytest.fixture(scope="module")
+def residual_model(data):
+    """A cross-fitted tiny gnn_residual on the data set, and its runs."""
+    from learnedperf.models.dataset import load_runs
+    from learnedperf.models.iteration import IterationModel
+
+    runs = load_runs(data, limit_simulated=20, progress=False)
+    return IterationModel("gnn_residual", gnn_params=TINY_PARAMS, folds=2).fit(runs), runs
+
+
+def _with_simulator(model, simulator_ms):
+    """``model``'s +shapes variant as if the simulator had answered ``simulator_ms`` on its calibration runs."""
+    import copy
+
+    other = copy.copy(model)
+    other.calibration_simulator_ms_ = np.asarray(simulator_ms, dtype=float)
+    return other.with_shapes()
+
+
+def test_a_correcting_models_memory_is_over_the_base_that_holds_out_better(residual_model):
+    from learnedperf.models.dataset import strategy_group
+    from learnedperf.models.iteration import IterationModel
+    from learnedperf.models.shapes import ShapeMemory, shape_key
+
+    model, runs = residual_model
+    y = model.calibration_records_["iteration_time_ms"].to_numpy(dtype=float)
+    keys = [shape_key(s) for s in model.calibration_specs_]
+    groups = strategy_group(model.calibration_records_)
+    # each base's held-out MAPE on the corrected calibration runs, recomputed here from the two bases' answers
+    expected = {}
+    for over, base in (("model", model.base_calibration_pred_ms_), ("simulator", model.calibration_simulator_ms_)):
+        factor, n = ShapeMemory().leave_group_out(keys, np.log(y / base), groups)
+        hit = np.asarray(n) > 0
+        expected[over] = float(np.mean(np.abs(base[hit] * np.exp(np.asarray(factor)[hit]) / y[hit] - 1)) * 100)
+    shaped = model.with_shapes()
+    assert hit.sum() >= 300  # vTrain's runs share their layer shapes across pipeline depths
+    assert shaped.shape_choice_ == pytest.approx(expected, rel=1e-9)
+    assert shaped.shapes_.over == min(expected, key=expected.get)
+    # a simulator that missed every calibration run by the same 10 % is exact after its memory: it is chosen, and
+    # a hit is the simulator's time of the run times 1.1; a run without a hit keeps the model's answer
+    exact = _with_simulator(model, y / 1.1)
+    assert exact.shapes_.over == "simulator" and exact.shape_choice_["simulator"] == pytest.approx(0.0, abs=1e-9)
+    p, _lo, _hi, n = exact.predict(runs, shape_runs=True)
+    hit = n > 0
+    assert hit.any() and (~hit).any()
+    assert np.allclose(p[hit], runs.sim_ms[hit] * 1.1, rtol=1e-9)
+    assert np.allclose(p[~hit], model.predict_point(runs)[~hit], rtol=1e-9)
+    # a simulator that missed each run by its own random ±70 % has nothing a median can carry: the model is kept
+    rng = np.random.default_rng(0)
+    noisy = _with_simulator(model, y * np.exp(rng.uniform(-0.7, 0.7, len(y))))
+    assert noisy.shapes_.over == "model" and noisy.shape_choice_["simulator"] > noisy.shape_choice_["model"]
+    # the simulator methods have only their own answer
+    assert set(IterationModel("simulator").fit(runs).with_shapes().shape_choice_) == {"model"}
+
+
+def test_a_memory_over_the_simulator_multiplies_the_simulators_time_in_both_tiers(residual_model, data, tmp_path):
+    from learnedperf.checkpoint import add_surrogate, save_checkpoint
+    from learnedperf.models.pipeline import data_description
+    from learnedperf.models.surrogate import SurrogateRegressor
+    from learnedperf.predict import Predictor, distil_surrogate
+    from learnedperf.specs import RunSpec
+
+    model, _runs = residual_model
+    y = model.calibration_records_["iteration_time_ms"].to_numpy(dtype=float)
+    shaped = _with_simulator(model, y / 1.1)  # every median log(measured / simulator) is log 1.1
+    ck = tmp_path / "over"
+    save_checkpoint(ck, shaped, data_description(data))
+    surrogate, fidelity = distil_surrogate(Predictor.load(ck), n=200)
+    assert fidelity["simulator"]["log_lower"] <= 0.0 <= fidelity["simulator"]["log_upper"]
+    add_surrogate(ck, surrogate, fidelity)
+    pred = Predictor.load(ck)
+    df = load_records(data)
+    row = df[(df.origin == "vtrain") & (df.tp == 2) & (df.pp == 2)].iloc[0]
+    run = json.loads(row["run"])
+    full = pred.predict(run, tier="full")
+    assert full["shape_runs"] > 0
+    assert full["iteration_time_ms"] == pytest.approx(full["simulator_iteration_time_ms"] * 1.1, rel=1e-9)
+    fast = pred.predict(run, tier="fast")
+    _ctx, _mem, x, at = pred._features(RunSpec.from_dict(run))
+    sim_fast = float(pred.checkpoint.surrogate.predict_simulator(np.asarray([x]), [at.total_s])[0])
+    assert fast["shape_runs"] == full["shape_runs"]
+    assert fast["iteration_time_ms"] == pytest.approx(sim_fast * 1.1, rel=1e-9)
+    # a run of a shape nobody measured is the model's own answer in both tiers
+    assert pred.predict(RUN, tier="full")["iteration_time_ms"] == pytest.approx(
+        pred.predict_with_result(RUN, shapes=False)[0]["iteration_time_ms"], rel=1e-12)
+    assert pred.predict(RUN, tier="fast")["shape_runs"] == 0
+    # a surrogate without the simulator model cannot answer those hits fast: refused at load, with the reason
+    plain = SurrogateRegressor(n_estimators=20).fit(np.asarray([x, x]), [10.0, 11.0], [0.01, 0.01])
+    add_surrogate(ck, plain, {"log_lower": -0.1, "log_upper": 0.1})
+    with pytest.raises(InputError, match="the memory is over the simulator, but the surrogate has no simulator model"):
+        load_checkpoint(ck)

@@ -23,6 +23,7 @@ and the coverage of the 90 % interval.
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from typing import Any, Callable, Optional
@@ -237,6 +238,11 @@ def evaluate(runs_for: Callable[[Optional[Any]], Runs], methods: tuple[str, ...]
             p, lo, hi, shape_runs = model.predict(test_runs, shape_runs=True)
             metrics = score(p, y, groups, lo, hi)
             metrics["fit_s"] = round(time.perf_counter() - t0, 2)
+            if hasattr(model, "shapes_"):
+                # what the memory is over, and the held-out MAPE on the training side that chose it
+                metrics["shapes_over"] = model.shapes_.over
+                metrics["shapes_choice_mape"] = {k: round(v, 3) if math.isfinite(v) else None
+                                                 for k, v in model.shape_choice_.items()}
             entry["methods"][method] = metrics
             log(f"{split:20s} {method:18s} MAPE {metrics['mape']:6.1f} %  tau {metrics['kendall_tau']:5.2f}  "
                 f"regret {metrics['top1_regret']:.3f}  coverage {metrics['coverage']:.2f}  ({metrics['fit_s']} s)")

@@ -19,7 +19,8 @@ best of):
 
 Each has a ``+shapes`` variant (``gnn_residual+shapes``): the same point model times its *shape memory*
 (:class:`~learnedperf.models.shapes.ShapeMemory`), the median of what it missed, out of sample, on the
-measured runs with the run's per-device layer shapes, where there are such runs.
+measured runs with the run's per-device layer shapes, where there are such runs. A ``gnn_residual*+shapes``
+memory is over the simulator instead, where that holds out better on the calibration runs (``shape_choice_``).
 
 Every method gets a conformal 90 % interval calibrated on measured runs it did not train on.
 By default it is split-conformal: ``calibration_fraction`` of the measured training runs (whole
@@ -99,6 +100,12 @@ def check_gnn_params(gnn_params: dict) -> None:
         GNNRegressor(**gnn_params)
     except (TypeError, ValueError) as exc:  # int("abc"), float(None), ...: name what was given
         raise InputError(f"GNN parameters {gnn_params}: {exc}") from None
+
+
+def corrects_simulator(method: str) -> bool:
+    """Whether ``method``'s point model is the simulator times a learned correction (``gnn_residual*``): its shape
+    memory may be kept over the simulator instead (:meth:`IterationModel.fit`)."""
+    return GNN_METHODS.get(method) == "residual"
 
 
 def needs_ops(method: str) -> bool:
@@ -283,6 +290,8 @@ class IterationModel:
         self.calibration_records_ = sub.records
         self.calibration_specs_ = sub.specs
         self.base_calibration_pred_ms_ = np.asarray(pred, dtype=float)
+        if corrects_simulator(self.method):
+            self.calibration_simulator_ms_ = np.asarray(self._base_ms(sub), dtype=float)
         return self._fit_interval()
 
     def _fit_interval(self) -> "IterationModel":
@@ -295,15 +304,33 @@ class IterationModel:
         pred = self.base_calibration_pred_ms_
         hits = None
         if self.method.endswith(SHAPES_SUFFIX):
+            from .metrics import mape
+
             keys = [shape_key(s) for s in self.calibration_specs_]
-            res = np.log(y / pred)
-            self.shapes_ = ShapeMemory().fit(keys, res)
+            groups = strategy_group(rec)
             # each calibration run corrected as a run of a strategy nobody measured would be: by its key's runs of
             # other strategy groups only, so that the interval covers the memory's own error; the corrected runs
-            # and the others are calibrated apart (dataset.shape_group): they err differently
-            factor, n = self.shapes_.leave_group_out(keys, res, strategy_group(rec))
-            pred = pred * np.exp(np.asarray(factor))
-            hits = np.asarray(n) > 0
+            # and the others are calibrated apart (dataset.shape_group): they err differently.
+            # A correcting model's memory may instead be over the simulator under it: the correction moves with
+            # the free fields (pipeline depth, data parallelism) that a key's runs differ in, and a median of its
+            # residuals carries the correction of other strategies to this one; the simulator's miss on a shape
+            # moves less with them. Which one holds out better on these runs decides (a tie: the model's own).
+            bases = {"model": pred}
+            if corrects_simulator(self.method):
+                bases["simulator"] = self.calibration_simulator_ms_
+            self.shape_choice_ = {}
+            best = None
+            for over, base_pred in bases.items():
+                res = np.log(y / base_pred)
+                factor, n = ShapeMemory(over=over).leave_group_out(keys, res, groups)
+                hit = np.asarray(n) > 0
+                corrected = np.where(hit, base_pred * np.exp(np.asarray(factor)), pred)
+                err = mape(corrected[hit], y[hit]) if hit.any() else math.inf
+                self.shape_choice_[over] = err
+                if best is None or err < best[0]:
+                    best = (err, over, res, corrected, hit)
+            _err, over, res, pred, hits = best
+            self.shapes_ = ShapeMemory(over=over).fit(keys, res)
         self.interval_ = ConformalInterval(self.coverage)
         self.interval_.fit(pred, y, interval_group(rec, hits), domain=self.domain_)
         self.calibration_pred_ms_ = np.asarray(pred, dtype=float)
@@ -336,7 +363,10 @@ class IterationModel:
             return p, None
         self._check("shapes_")
         factors, counts = self.shapes_.lookup(runs.specs)
-        return p * np.exp(np.asarray(factors, dtype=float)), np.asarray(counts, dtype=int)
+        factors, counts = np.asarray(factors, dtype=float), np.asarray(counts, dtype=int)
+        if self.shapes_.over == "simulator":
+            return np.where(counts > 0, np.asarray(self._base_ms(runs), dtype=float) * np.exp(factors), p), counts
+        return p * np.exp(factors), counts
 
     def _point(self, runs: Runs):
         """The base model's point predictions (ms) of ``runs``."""
@@ -367,4 +397,4 @@ class IterationModel:
 
 
 __all__ = ["BASE_METHODS", "GNN_METHODS", "IterationModel", "METHODS", "base_method", "calibration_mask",
-           "check_gnn_params", "fold_index", "ideal_time_ms", "needs_ops", "parse_gnn_params"]
+           "check_gnn_params", "corrects_simulator", "fold_index", "ideal_time_ms", "needs_ops", "parse_gnn_params"]

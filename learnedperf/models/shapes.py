@@ -17,6 +17,12 @@ parallel sizes, micro-batch, precision, recomputation, kernels, optimizer); it l
 change only how many layers a device holds, how often it runs them and how the replicas meet
 (:data:`FREE_STRATEGY_FIELDS`: pipeline depth and schedule, data parallelism and ZeRO/FSDP sharding, the
 global batch), so that a run's layers are looked up across those.
+
+A method that corrects the simulator (``gnn_residual``) may keep its memory over the simulator under it instead
+(``over="simulator"``): the medians are then of ``log(measured / simulated)`` and a hit is the simulator's time
+times the factor. Its correction moves with the free fields that a key's runs differ in, so its own residuals
+carry another strategy's correction along; which base a method's memory is over is decided on its calibration
+runs (:meth:`~learnedperf.models.iteration.IterationModel.fit`).
 """
 
 from __future__ import annotations
@@ -37,8 +43,13 @@ FREE_STRATEGY_FIELDS = ("pp", "dp", "global_batch_size", "pipeline_schedule", "v
 runs and how the data-parallel replicas exchange or shard their states, not the shapes of one layer's kernels.
 Every other field (a new one included) is in the key, so that a field nobody thought of keeps runs apart."""
 
-SHAPES_VERSION = 1
-"""Version of :func:`shape_key` (a memory written with another version is refused: its keys mean other runs)."""
+SHAPES_VERSION = 2
+"""Version of the memory's file: of :func:`shape_key` and of what a median is over. 2 added ``over``; a file of
+version 1 is read as ``over="model"`` (what its medians were), any other version is refused."""
+
+OVER = ("model", "simulator")
+"""What a memory's medians are residuals of, and so what a hit multiplies: the method's own point model, or the
+simulator under it (:class:`ShapeMemory`'s ``over``)."""
 
 
 def _dumps(value: Any) -> str:
@@ -77,16 +88,22 @@ class ShapeMemory:
 
     Args:
         min_runs: measured runs a key needs before its median is used (1: any measured run of the shape).
+        over: what the residuals given to ``fit`` are of, and what a hit's factor multiplies (:data:`OVER`):
+            ``"model"``, the method's own point model, or ``"simulator"``, the simulator under a correcting model.
+            The memory does not choose: :class:`~learnedperf.models.iteration.IterationModel` does.
 
     Attributes:
         table_: shape key → ``(median log(measured / predicted), runs)``.
         devices_: the device names of the keys (a lookup skips the key of a run on any other device).
     """
 
-    def __init__(self, min_runs: int = 1):
+    def __init__(self, min_runs: int = 1, over: str = "model"):
         if isinstance(min_runs, bool) or not isinstance(min_runs, int) or min_runs < 1:
             raise InputError(f"shape memory: min_runs must be an integer >= 1, got {min_runs!r}")
+        if over not in OVER:
+            raise InputError(f"shape memory: over must be one of {', '.join(OVER)}, got {over!r}")
         self.min_runs = min_runs
+        self.over = over
 
     def fit(self, keys: list[str], log_residuals: Any) -> "ShapeMemory":
         """Keep each key's median of ``log_residuals`` (``log(measured / predicted)`` of out-of-sample predictions)."""
@@ -153,9 +170,9 @@ class ShapeMemory:
         return factors, counts
 
     def to_dict(self) -> dict:
-        """JSON state: ``{"version", "min_runs", "table": {key: [median, runs]}}``."""
+        """JSON state: ``{"version", "min_runs", "over", "table": {key: [median, runs]}}``."""
         self._check()
-        return {"version": SHAPES_VERSION, "min_runs": self.min_runs,
+        return {"version": SHAPES_VERSION, "min_runs": self.min_runs, "over": self.over,
                 "table": {k: [m, n] for k, (m, n) in self.table_.items()}}
 
     @classmethod
@@ -163,11 +180,15 @@ class ShapeMemory:
         """Inverse of :meth:`to_dict`; anything malformed raises :class:`InputError` naming ``where`` and the entry."""
         if not isinstance(data, dict):
             raise InputError(f"{where}: expected a JSON object")
-        if data.get("version") != SHAPES_VERSION:
-            raise InputError(f"{where}: version {data.get('version')!r}, this code reads {SHAPES_VERSION} "
+        version = data.get("version")
+        if version not in (1, SHAPES_VERSION) or isinstance(version, bool):
+            raise InputError(f"{where}: version {version!r}, this code reads 1 and {SHAPES_VERSION} "
                              "(retrain with 'learnedperf train')")
+        if version == 1 and "over" in data:
+            raise InputError(f"{where}: version 1 has no 'over' (its medians are over the model)")
         try:
-            obj = cls(data.get("min_runs"))
+            # version 1 was written before a memory could be over the simulator: its medians are the model's
+            obj = cls(data.get("min_runs"), data.get("over") if version != 1 else "model")
         except InputError as exc:
             raise InputError(f"{where}: {exc}") from None
         table = data.get("table")
@@ -194,4 +215,4 @@ class ShapeMemory:
         return obj._index()
 
 
-__all__ = ["FREE_STRATEGY_FIELDS", "SHAPES_SUFFIX", "SHAPES_VERSION", "ShapeMemory", "shape_key"]
+__all__ = ["FREE_STRATEGY_FIELDS", "OVER", "SHAPES_SUFFIX", "SHAPES_VERSION", "ShapeMemory", "shape_key"]

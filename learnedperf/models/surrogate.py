@@ -8,7 +8,9 @@ cover every model family, device, scale and strategy the sampler draws),
 * ``log(full time / analytic time)`` from :data:`~learnedperf.features.run.RUN_FEATURE_SCHEMA`
   (the analytic time of :func:`~learnedperf.features.run.analytic_time` carries the scaling,
   the trees learn a bounded correction), and
-* the share of each breakdown part (:data:`BREAKDOWN_PARTS`) in the full model's time.
+* the share of each breakdown part (:data:`BREAKDOWN_PARTS`) in the full model's time, and
+* optionally ``log(simulator time / analytic time)``, the simulator under the full model: what a shape memory kept
+  over the simulator (:class:`~learnedperf.models.shapes.ShapeMemory`'s ``over``) multiplies on a fast answer.
 
 Its *fidelity* — the conformal quantiles of ``log(full / surrogate)`` on held-out distilled
 runs — widens the checkpoint's interval for fast answers, so a fast interval accounts for
@@ -30,6 +32,7 @@ from ..measure.records import sha256_file
 
 META_FILE = "surrogate.json"
 TIME_FILE = "time.txt"
+SIMULATOR_FILE = "simulator.txt"
 #: Breakdown parts whose share of the iteration time the surrogate predicts (``compute`` is their
 #: forward + backward + recompute sum, as in the simulator's breakdown).
 BREAKDOWN_PARTS = ("forward", "backward", "recompute", "optimizer", "exposed_communication", "pipeline_bubble")
@@ -82,9 +85,10 @@ class SurrogateRegressor:
                 "num_iterations": trees, "deterministic": True, "force_row_wise": True}
 
     def fit(self, X: Any, time_ms: Any, analytic_s: Any, shares: Optional[Any] = None,
-            sample_weight: Optional[Any] = None) -> "SurrogateRegressor":
+            sample_weight: Optional[Any] = None, simulator_ms: Optional[Any] = None) -> "SurrogateRegressor":
         """Fit on runs with features ``X`` (n × schema), full-model times ``time_ms``, analytic
-        times ``analytic_s`` and optionally breakdown shares (n × :data:`BREAKDOWN_PARTS`)."""
+        times ``analytic_s``, optionally breakdown shares (n × :data:`BREAKDOWN_PARTS`) and the simulator's
+        times ``simulator_ms`` under the full model (a model of them, :meth:`predict_simulator`)."""
         import lightgbm
         import numpy as np
 
@@ -104,6 +108,15 @@ class SurrogateRegressor:
             params.update(monotone_constraints=[TIME_MONOTONE.get(n, 0) for n in RUN_FEATURE_SCHEMA.names],
                           monotone_constraints_method="advanced")
         self.time_booster_ = lightgbm.train(params, ds)
+        self.simulator_booster_ = None
+        if simulator_ms is not None:
+            sim = np.asarray(simulator_ms, dtype=float)
+            if sim.shape != (len(X),) or not (np.isfinite(sim).all() and (sim > 0).all()):
+                raise InputError(f"simulator_ms needs {len(X)} positive finite values")
+            # the same trees and constraints as the time model: the simulator is as monotone in the device's figures
+            dss = lightgbm.Dataset(X, np.log(sim / (a * 1e3)), weight=sample_weight,
+                                   feature_name=RUN_FEATURE_SCHEMA.names, free_raw_data=True)
+            self.simulator_booster_ = lightgbm.train(params, dss)
         self.share_boosters_ = {}
         if shares is not None:
             S = np.asarray(shares, dtype=float)
@@ -139,6 +152,22 @@ class SurrogateRegressor:
             return np.empty(0)
         return np.exp(self.time_booster_.predict(X)) * np.asarray(analytic_s, dtype=float) * 1e3
 
+    def predict_simulator(self, X: Any, analytic_s: Any):
+        """The simulator's iteration times in ms (under the full model) of runs with features ``X``.
+
+        Raises:
+            InputError: the surrogate was fitted without ``simulator_ms``.
+        """
+        import numpy as np
+
+        self._check_fitted()
+        if self.simulator_booster_ is None:
+            raise InputError("SurrogateRegressor has no simulator model (fitted without simulator_ms)")
+        X = self._check_X(X)
+        if len(X) == 0:
+            return np.empty(0)
+        return np.exp(self.simulator_booster_.predict(X)) * np.asarray(analytic_s, dtype=float) * 1e3
+
     def predict_shares(self, X: Any):
         """Breakdown shares (n × :data:`BREAKDOWN_PARTS`, each clipped to [0, 1]), or None if not fitted."""
         import numpy as np
@@ -159,6 +188,8 @@ class SurrogateRegressor:
         directory.mkdir(parents=True, exist_ok=True)
         files = {"time": TIME_FILE, **{p: f"share_{p}.txt" for p in self.share_boosters_}}
         boosters = {"time": self.time_booster_, **self.share_boosters_}
+        if self.simulator_booster_ is not None:
+            files["simulator"], boosters["simulator"] = SIMULATOR_FILE, self.simulator_booster_
         for key, name in files.items():
             boosters[key].save_model(str(directory / name))
         meta = {"format": "learnedperf.SurrogateRegressor", "target": "log(full_ms / analytic_ms)",
@@ -189,13 +220,14 @@ class SurrogateRegressor:
         obj = cls(**{k: v for k, v in (meta.get("params") or {}).items() if k in cls().get_params()})
         boosters = {}
         for key, entry in models.items():
-            if key != "time" and key not in BREAKDOWN_PARTS:
+            if key not in ("time", "simulator") and key not in BREAKDOWN_PARTS:
                 raise InputError(f"{meta_path}: unknown model {key!r}")
             if not isinstance(entry, dict):
                 raise InputError(f"{meta_path}: models.{key} must be an object with 'file' and 'sha256'")
             boosters[key] = load_booster(directory / str(entry.get("file", "")), entry.get("sha256"),
                                          RUN_FEATURE_SCHEMA, META_FILE)
         obj.time_booster_ = boosters.pop("time")
+        obj.simulator_booster_ = boosters.pop("simulator", None)
         obj.share_boosters_ = {p: boosters[p] for p in BREAKDOWN_PARTS if p in boosters}
         obj.n_train_ = int(meta.get("n_train", 0))
         return obj, meta
